@@ -1,0 +1,2 @@
+//! The `airlock` binary.
+fn main() {}

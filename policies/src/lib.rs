@@ -1,0 +1,2 @@
+//! airlock-policy: policy files from TOML text to a compiled sandbox spec.
+#![forbid(unsafe_code)]

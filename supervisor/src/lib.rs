@@ -1,0 +1,1 @@
+//! airlock: the trusted supervisor — gate, spawn, cgroups, deadlines, results.

@@ -1,0 +1,1 @@
+//! Shared helpers for airlock's integration tests.

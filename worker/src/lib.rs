@@ -1,0 +1,1 @@
+//! airlock-worker: the single-threaded program that confines itself and runs one tool call.
