@@ -1,0 +1,148 @@
+//! The messages of the supervisor↔worker conversation, in the order they are exchanged.
+//!
+//! Handshake: the worker speaks first with [`WorkerMessage::Hello`]; the supervisor answers
+//! [`SupervisorMessage::Hello`] with the same version, then sends `Setup`. The worker
+//! confines itself and reports `Ready` (or `SetupFailed`), then waits for `Run`. For each
+//! run it may send `Log` records, then exactly one `Exited` or `RunFailed`. `Shutdown` ends
+//! the conversation. Anything else is a protocol violation.
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::SandboxSpec;
+
+/// Version of this protocol; both sides must agree exactly.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Messages sent by the (trusted) supervisor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SupervisorMessage {
+    /// Answer to the worker's hello.
+    Hello {
+        /// Must equal [`PROTOCOL_VERSION`].
+        version: u32,
+    },
+    /// The sandbox to build; the worker confines itself and answers `Ready` or `SetupFailed`.
+    Setup(Box<SandboxSpec>),
+    /// Run one tool call inside the confined worker.
+    Run(RunRequest),
+    /// End the conversation; the worker exits.
+    Shutdown,
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// Supervisor-chosen id of the call, echoed in reports.
+    pub call_id: String,
+    /// Name of the tool (for logs).
+    pub tool: String,
+    /// Absolute path of the executable and its arguments, already substituted.
+    pub argv: Vec<String>,
+    /// Bytes written to the tool's stdin, then stdin is closed.
+    pub stdin: Vec<u8>,
+    /// The validated arguments, as JSON text (never a dynamic value on the wire).
+    pub arguments_json: String,
+    /// At most this many bytes of each of stdout and stderr are kept.
+    pub output_limit_bytes: u64,
+}
+
+/// Messages sent by the (untrusted once confined) worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerMessage {
+    /// First message of every worker.
+    Hello {
+        /// The worker's [`PROTOCOL_VERSION`].
+        version: u32,
+    },
+    /// Confinement finished; this is what was applied.
+    Ready(AppliedIsolation),
+    /// Confinement failed at `step`; the worker exits after sending this.
+    SetupFailed(SetupFailure),
+    /// A log record from the worker.
+    Log(LogRecord),
+    /// The tool ran and exited.
+    Exited(ToolExit),
+    /// The tool could not be started (exec failed, fork failed, ...).
+    RunFailed {
+        /// What failed.
+        message: String,
+        /// The errno, when there is one.
+        errno: Option<i32>,
+    },
+}
+
+/// Isolation the worker reports having applied (the supervisor cross-checks what it can).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedIsolation {
+    /// Namespaces entered, by short name (`user`, `mnt`, `pid`, ...).
+    pub namespaces: Vec<String>,
+    /// Landlock ABI used, 0 when Landlock was not applied.
+    pub landlock_abi: u32,
+    /// Whether every requested Landlock right was enforced.
+    pub landlock_fully_enforced: bool,
+    /// Whether the seccomp filter was installed.
+    pub seccomp_installed: bool,
+}
+
+/// Why confinement failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetupFailure {
+    /// Name of the confinement step that failed (`mount`, `landlock`, ...).
+    pub step: String,
+    /// Human-readable detail (no tool input in it).
+    pub message: String,
+    /// The errno, when there is one.
+    pub errno: Option<i32>,
+    /// True when a required kernel feature is missing (reported as `sandbox_unavailable`).
+    pub feature_missing: bool,
+}
+
+/// Severity of a worker log record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LogLevel {
+    /// Debugging detail.
+    Debug,
+    /// Normal operation.
+    Info,
+    /// Something degraded.
+    Warn,
+    /// Something failed.
+    Error,
+}
+
+/// One log record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogRecord {
+    /// Severity.
+    pub level: LogLevel,
+    /// Text.
+    pub message: String,
+}
+
+/// How a tool process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitStatus {
+    /// Normal exit with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+}
+
+/// The report of one finished tool run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolExit {
+    /// How the tool ended.
+    pub status: ExitStatus,
+    /// Captured stdout, at most `output_limit_bytes`.
+    pub stdout: Vec<u8>,
+    /// Captured stderr, at most `output_limit_bytes`.
+    pub stderr: Vec<u8>,
+    /// Stdout was longer than the limit.
+    pub stdout_truncated: bool,
+    /// Stderr was longer than the limit.
+    pub stderr_truncated: bool,
+    /// User CPU time of the tool and its reaped descendants, microseconds.
+    pub user_cpu_us: u64,
+    /// System CPU time, microseconds.
+    pub system_cpu_us: u64,
+}

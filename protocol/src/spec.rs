@@ -1,0 +1,152 @@
+//! The compiled sandbox spec: pure data the supervisor sends a worker so it can confine itself.
+//!
+//! `airlock-policy` compiles a profile into a [`SandboxSpec`] once; every worker for that
+//! profile receives the same value in its `Setup` message. Paths here are paths *inside* the
+//! sandbox; bind sources are host paths.
+
+use serde::{Deserialize, Serialize};
+
+/// Everything a worker needs to confine itself, in the order it applies it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// Name of the profile this spec was compiled from (for reports and logs).
+    pub profile: String,
+    /// Hostname set in the fresh UTS namespace.
+    pub hostname: String,
+    /// Mount operations, applied in order on top of a fresh tmpfs root.
+    pub mounts: Vec<MountOp>,
+    /// Network namespace set-up.
+    pub network: NetworkMode,
+    /// Resource limits applied with setrlimit.
+    pub rlimits: Rlimits,
+    /// Landlock rules.
+    pub landlock: LandlockSpec,
+    /// The seccomp program, installed last.
+    pub seccomp: SeccompSpec,
+    /// The complete environment of every tool process (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// Working directory of tool processes, inside the sandbox.
+    pub cwd: String,
+}
+
+/// One step of the mount plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MountOp {
+    /// A tmpfs at `target` of at most `size_bytes`, with the given octal `mode`.
+    Tmpfs {
+        /// Mount point inside the sandbox.
+        target: String,
+        /// Size limit in bytes.
+        size_bytes: u64,
+        /// Permission bits of the mount's root directory.
+        mode: u32,
+    },
+    /// A bind mount of host `source` at `target`, always nosuid and nodev.
+    Bind {
+        /// Host path.
+        source: String,
+        /// Mount point inside the sandbox.
+        target: String,
+        /// Whether the sandbox may write through it.
+        writable: bool,
+        /// A missing source is skipped instead of failing the set-up.
+        optional: bool,
+    },
+    /// A fresh procfs for the sandbox's pid namespace.
+    Proc {
+        /// Mount point inside the sandbox.
+        target: String,
+    },
+    /// A minimal `/dev`: a tmpfs holding bind-mounted null, zero, full, random, urandom
+    /// (and the `/dev/fd`, `/dev/std*` symlinks).
+    Dev {
+        /// Mount point inside the sandbox.
+        target: String,
+    },
+    /// A symlink created inside the sandbox (for example `/bin -> usr/bin`).
+    Symlink {
+        /// What the link points to.
+        link_target: String,
+        /// Where the link is created, inside the sandbox.
+        path: String,
+    },
+    /// An empty directory created inside the sandbox.
+    Dir {
+        /// Path inside the sandbox.
+        path: String,
+        /// Permission bits.
+        mode: u32,
+    },
+}
+
+/// What network a sandbox gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NetworkMode {
+    /// A fresh network namespace with no interface up; no socket but `AF_UNIX`.
+    None,
+    /// A fresh network namespace with only loopback up.
+    Loopback,
+    /// The host network, narrowed by Landlock TCP port rules.
+    Host,
+}
+
+/// Limits applied with setrlimit (the `RLIMIT_CORE` is always 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimits {
+    /// `RLIMIT_NOFILE`.
+    pub open_files: u64,
+    /// `RLIMIT_FSIZE`, bytes.
+    pub file_size_bytes: u64,
+    /// `RLIMIT_CPU`, seconds; `None` leaves it unlimited.
+    pub cpu_seconds: Option<u64>,
+}
+
+/// How hard a confinement layer is required.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Requirement {
+    /// The call fails with `sandbox_unavailable` unless the layer is fully enforced.
+    Required,
+    /// Applied as far as the kernel allows; the achieved level is reported.
+    BestEffort,
+}
+
+/// Landlock rules, as paths inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LandlockSpec {
+    /// Required or best effort.
+    pub requirement: Requirement,
+    /// Read and execute beneath these paths.
+    pub read: Vec<String>,
+    /// Read, write, create and remove beneath these paths.
+    pub write: Vec<String>,
+    /// TCP ports the sandbox may bind.
+    pub tcp_bind: Vec<u16>,
+    /// TCP ports the sandbox may connect to.
+    pub tcp_connect: Vec<u16>,
+    /// Whether TCP is handled at all (false means network access is left to the namespace).
+    pub restrict_tcp: bool,
+}
+
+/// One classic-BPF instruction (`struct sock_filter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BpfInstruction {
+    /// Opcode.
+    pub code: u16,
+    /// Jump offset if true.
+    pub jt: u8,
+    /// Jump offset if false.
+    pub jf: u8,
+    /// Generic field.
+    pub k: u32,
+}
+
+/// A compiled seccomp filter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeccompSpec {
+    /// Required or best effort.
+    pub requirement: Requirement,
+    /// The program, ready for `seccomp(SECCOMP_SET_MODE_FILTER)`.
+    pub program: Vec<BpfInstruction>,
+    /// Hex SHA-256 of the program, reported in results.
+    pub digest: String,
+}
