@@ -1,2 +1,8 @@
 //! airlock-policy: policy files from TOML text to a compiled sandbox spec.
 #![forbid(unsafe_code)]
+
+pub mod diagnostic;
+pub mod model;
+pub mod seccomp;
+pub mod syscalls;
+pub mod units;

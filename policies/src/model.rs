@@ -1,0 +1,192 @@
+//! Step 1 of 3: the policy file exactly as written (serde model, unknown keys rejected).
+//!
+//! Every value keeps its byte span so validation can point at it. Fields whose allowed
+//! values are a closed set are kept as strings here, so that validation can report every
+//! bad one at once instead of stopping at the first.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// A whole policy file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    /// Format version; only `1` exists.
+    pub version: Spanned<i64>,
+    /// Close every plain object schema (`additionalProperties = false` unless stated).
+    #[serde(default)]
+    pub strict_objects: Option<Spanned<bool>>,
+    /// Sandbox profiles by name.
+    #[serde(default)]
+    pub profiles: BTreeMap<Spanned<String>, ProfileFile>,
+    /// Tools by name.
+    #[serde(default)]
+    pub tools: BTreeMap<Spanned<String>, ToolFile>,
+}
+
+/// A sandbox profile: what a worker may do.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileFile {
+    /// Host paths bound read-only (must exist).
+    #[serde(default)]
+    pub read: Vec<Spanned<String>>,
+    /// Host paths bound read-only when they exist (for example `/lib64`).
+    #[serde(default)]
+    pub read_optional: Vec<Spanned<String>>,
+    /// Host paths bound read-write.
+    #[serde(default)]
+    pub write: Vec<Spanned<String>>,
+    /// Size-limited tmpfs mounts: path → size.
+    #[serde(default)]
+    pub tmpfs: BTreeMap<Spanned<String>, Spanned<String>>,
+    /// `"none"`, `"loopback"`, or a table of TCP rules.
+    #[serde(default)]
+    pub network: Option<Spanned<NetworkFile>>,
+    /// The seccomp allowlist.
+    #[serde(default)]
+    pub syscalls: Option<SyscallsFile>,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Option<LimitsFile>,
+    /// The whole environment of tool processes.
+    #[serde(default)]
+    pub env: BTreeMap<Spanned<String>, Spanned<String>>,
+    /// How hard each isolation layer is required.
+    #[serde(default)]
+    pub require: Option<RequireFile>,
+    /// Hostname inside the sandbox.
+    #[serde(default)]
+    pub hostname: Option<Spanned<String>>,
+    /// Working directory of tools, inside the sandbox.
+    #[serde(default)]
+    pub cwd: Option<Spanned<String>>,
+}
+
+/// The `network` key: a mode name or TCP rules.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum NetworkFile {
+    /// `"none"` or `"loopback"` (validated later).
+    Mode(String),
+    /// Host network narrowed to these TCP ports.
+    Rules(NetworkRulesFile),
+}
+
+/// Host network narrowed by Landlock TCP rules.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRulesFile {
+    /// `"tcp:PORT"` entries the sandbox may connect to.
+    #[serde(default)]
+    pub connect: Vec<String>,
+    /// `"tcp:PORT"` entries the sandbox may bind.
+    #[serde(default)]
+    pub bind: Vec<String>,
+}
+
+/// The `syscalls` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyscallsFile {
+    /// Base allowlist: `"default"` (the only one so far).
+    #[serde(default)]
+    pub base: Option<Spanned<String>>,
+    /// Extra syscall names or `@group`s to allow.
+    #[serde(default)]
+    pub allow: Vec<Spanned<String>>,
+    /// Syscall names or `@group`s to remove from the allowlist.
+    #[serde(default)]
+    pub deny: Vec<Spanned<String>>,
+}
+
+/// The `limits` table; every value is optional and has a documented default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsFile {
+    /// cgroup memory limit (size).
+    pub memory: Option<Spanned<String>>,
+    /// cgroup pids limit.
+    pub pids: Option<Spanned<i64>>,
+    /// Wall-clock deadline of one call (duration).
+    pub timeout: Option<Spanned<String>>,
+    /// CPU time (duration; RLIMIT_CPU, whole seconds).
+    pub cpu: Option<Spanned<String>>,
+    /// Bytes kept of each of stdout and stderr (size).
+    pub output: Option<Spanned<String>>,
+    /// RLIMIT_NOFILE.
+    pub open_files: Option<Spanned<i64>>,
+    /// RLIMIT_FSIZE (size).
+    pub file_size: Option<Spanned<String>>,
+}
+
+/// The `require` table: `"required"` or `"best_effort"` per layer.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequireFile {
+    /// Landlock.
+    pub landlock: Option<Spanned<String>>,
+    /// seccomp.
+    pub seccomp: Option<Spanned<String>>,
+    /// cgroup limits.
+    pub cgroup: Option<Spanned<String>>,
+}
+
+/// A tool definition.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFile {
+    /// What the tool does, shown to the model.
+    pub description: Spanned<String>,
+    /// Sandbox profile name (default `"default"`).
+    #[serde(default)]
+    pub profile: Option<Spanned<String>>,
+    /// argv template: literals, and `"{field}"` elements replaced by whole input fields.
+    pub command: Spanned<Vec<Spanned<String>>>,
+    /// Which input field goes to stdin, or `"$input"` for the whole input as JSON.
+    #[serde(default)]
+    pub stdin: Option<Spanned<String>>,
+    /// `read`, `write` or `destructive` (default `destructive`).
+    #[serde(default)]
+    pub side_effect: Option<Spanned<String>>,
+    /// Free-form category used by decision rules.
+    #[serde(default)]
+    pub category: Option<Spanned<String>>,
+    /// `auto` or `human`.
+    #[serde(default)]
+    pub approval: Option<Spanned<String>>,
+    /// Extra attempts after an eligible failure (default 0).
+    #[serde(default)]
+    pub retries: Option<Spanned<i64>>,
+    /// Overrides the profile's timeout.
+    #[serde(default)]
+    pub timeout: Option<Spanned<String>>,
+    /// JSON Schema of the input (draft-07 or 2020-12).
+    pub input: Spanned<toml::Value>,
+    /// Optional JSON Schema of the output (stdout parsed as JSON).
+    #[serde(default)]
+    pub output: Option<Spanned<toml::Value>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_position() {
+        let text = "version = 1\n[profiles.p]\nmemroy = \"1MiB\"\n";
+        let err = toml::from_str::<PolicyFile>(text).unwrap_err();
+        assert!(err.message().contains("unknown field `memroy`"));
+        assert_eq!(err.span().map(|s| s.start), Some(25));
+    }
+
+    #[test]
+    fn map_keys_keep_their_spans() {
+        let text = "version = 1\n[tools.Bad-Name]\ndescription = \"d\"\ncommand = [\"/bin/true\"]\ninput = { type = \"object\" }\n";
+        let file: PolicyFile = toml::from_str(text).unwrap();
+        let (name, _) = file.tools.iter().next().unwrap();
+        assert_eq!(&text[name.span()], "Bad-Name");
+    }
+}

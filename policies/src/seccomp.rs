@@ -1,0 +1,566 @@
+//! Compiles a profile's syscall policy into one seccomp BPF program (with seccompiler).
+//!
+//! Outcomes, a documented choice (see README "Seccomp"):
+//! - a syscall from a non-native architecture (`int 0x80`) or with the x32 bit set: the
+//!   process is killed (`SIGSYS`, reported as `seccomp_violation`);
+//! - a known-dangerous syscall (the [`DENIED_EPERM`] table, namespace flags on `clone`,
+//!   `TIOCSTI`/`TIOCLINUX`, socket families outside the profile, device `mknod`,
+//!   `personality` changes, and the profile's own `deny` list): `EPERM`;
+//! - anything else not on the allowlist, including `clone3` and `io_uring_*`: `ENOSYS`, so
+//!   libc and runtimes fall back (glibc treats `EPERM` from `clone3` as fatal; tokio-uring
+//!   and libuv fall back to epoll on `ENOSYS`).
+//!
+//! seccompiler gives one match action per filter, so two filters are built — the deny
+//! filter (match `EPERM`, else allow) and the allowlist (match allow, else `ENOSYS`) — and
+//! joined into one program: every `RET ALLOW` of the deny filter becomes a jump to the
+//! allowlist's first instruction. A 5-instruction prologue kills wrong-arch and x32 calls
+//! (seccompiler does not check the x32 bit: rust-vmm/seccompiler#74).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use airlock_protocol::BpfInstruction;
+use seccompiler::{
+    SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    TargetArch,
+};
+
+use crate::syscalls::syscall_number;
+
+/// Why a seccomp program could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// A syscall name is not in the table.
+    #[error("unknown syscall {0:?}")]
+    UnknownSyscall(String),
+    /// seccompiler refused the filter.
+    #[error("seccompiler could not build the {which} filter")]
+    Build {
+        /// `deny` or `allow`.
+        which: &'static str,
+        /// The cause.
+        #[source]
+        source: seccompiler::BackendError,
+    },
+    /// The program exceeds the kernel's limit.
+    #[error("seccomp program has {0} instructions; the kernel accepts at most 4096")]
+    TooLong(usize),
+}
+
+/// The syscalls the `default` base allows (subject to the argument rules of the deny filter).
+pub const DEFAULT_ALLOW: &[&str] = &[
+    // Descriptors and I/O.
+    "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "preadv2",
+    "pwritev2", "lseek", "close", "close_range", "dup", "dup2", "dup3", "fcntl", "ioctl", "poll",
+    "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait",
+    "epoll_pwait", "epoll_pwait2", "pipe", "pipe2", "eventfd", "eventfd2", "signalfd",
+    "signalfd4", "timerfd_create", "timerfd_settime", "timerfd_gettime", "sendfile", "splice",
+    "tee", "copy_file_range", "fsync", "fdatasync", "sync_file_range", "syncfs", "sync", "flock",
+    "readahead", "fadvise64", "memfd_create", "inotify_init", "inotify_init1",
+    "inotify_add_watch", "inotify_rm_watch",
+    // Files and directories.
+    "open", "openat", "openat2", "creat", "stat", "fstat", "lstat", "newfstatat", "statx",
+    "statfs", "fstatfs", "access", "faccessat", "faccessat2", "getdents", "getdents64", "getcwd",
+    "chdir", "fchdir", "rename", "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "link",
+    "linkat", "unlink", "unlinkat", "symlink", "symlinkat", "readlink", "readlinkat", "chmod",
+    "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "umask",
+    "truncate", "ftruncate", "fallocate", "utime", "utimes", "utimensat", "futimesat", "mknod",
+    "mknodat", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    // Memory.
+    "mmap", "munmap", "mprotect", "mremap", "msync", "mincore", "madvise", "brk", "mlock",
+    "munlock", "mlock2", "mlockall", "munlockall", "pkey_mprotect", "pkey_alloc", "pkey_free",
+    "membarrier", "mseal",
+    // Processes and threads (clone's namespace flags are refused by the deny filter).
+    "clone", "fork", "vfork", "execve", "execveat", "exit", "exit_group", "wait4", "waitid",
+    "kill", "tkill", "tgkill", "getpid", "getppid", "gettid", "getpgid", "setpgid", "getpgrp",
+    "getsid", "setsid", "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid",
+    "getgroups", "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid",
+    "setgroups", "setfsuid", "setfsgid", "capget", "capset", "prctl", "arch_prctl",
+    "set_tid_address", "set_robust_list", "get_robust_list", "rseq", "futex", "futex_waitv",
+    "sched_yield", "sched_getaffinity", "sched_setaffinity", "sched_getparam", "sched_setparam",
+    "sched_getscheduler", "sched_setscheduler", "sched_get_priority_max",
+    "sched_get_priority_min", "sched_rr_get_interval", "sched_getattr", "sched_setattr",
+    "getpriority", "setpriority", "getrlimit", "setrlimit", "prlimit64", "getrusage", "times",
+    "uname", "sysinfo", "personality", "pidfd_open", "pidfd_send_signal", "restart_syscall",
+    "ioprio_get", "ioprio_set", "getcpu", "seccomp", "landlock_create_ruleset",
+    "landlock_add_rule", "landlock_restrict_self",
+    // Signals and timers.
+    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending", "rt_sigtimedwait",
+    "rt_sigqueueinfo", "rt_tgsigqueueinfo", "rt_sigsuspend", "sigaltstack", "pause", "alarm",
+    "getitimer", "setitimer", "timer_create", "timer_settime", "timer_gettime",
+    "timer_getoverrun", "timer_delete",
+    // Time and randomness.
+    "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday", "time",
+    "getrandom",
+    // System V and POSIX IPC (the IPC namespace is the sandbox's own).
+    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop", "msgget",
+    "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
+    "mq_notify", "mq_getsetattr",
+    // Sockets (families are narrowed by the deny filter).
+    "socket", "socketpair", "connect", "accept", "accept4", "bind", "listen", "getsockname",
+    "getpeername", "sendto", "recvfrom", "sendmsg", "recvmsg", "sendmmsg", "recvmmsg",
+    "shutdown", "setsockopt", "getsockopt",
+    // Legacy asynchronous I/O.
+    "io_setup", "io_destroy", "io_getevents", "io_submit", "io_cancel",
+];
+
+/// Syscalls that always get `EPERM`: each defeats a layer of the sandbox or widens the
+/// kernel's attack surface (escape battery SY-02..SY-18).
+pub const DENIED_EPERM: &[&str] = &[
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp",
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "mount",
+    "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick", "open_tree",
+    "move_mount", "mount_setattr", "unshare", "setns", "kexec_load", "kexec_file_load",
+    "init_module", "finit_module", "delete_module", "open_by_handle_at", "name_to_handle_at",
+    "reboot", "swapon", "swapoff", "clock_settime", "settimeofday", "adjtimex", "clock_adjtime",
+    "acct", "quotactl", "quotactl_fd", "syslog", "vhangup", "iopl", "ioperm", "sethostname",
+    "setdomainname", "lookup_dcookie", "fanotify_init", "modify_ldt", "mbind", "set_mempolicy",
+    "set_mempolicy_home_node", "migrate_pages", "move_pages", "get_mempolicy", "memfd_secret",
+    "process_mrelease",
+];
+
+/// Syscalls a policy can never allow, because allowing them defeats the filter itself:
+/// everything in [`DENIED_EPERM`], plus `clone3` (its flags live in memory seccomp cannot
+/// read) and `io_uring_*` (its operations bypass seccomp entirely).
+pub fn is_never_allowed(name: &str) -> bool {
+    DENIED_EPERM.contains(&name)
+        || matches!(
+            name,
+            "clone3" | "io_uring_setup" | "io_uring_enter" | "io_uring_register"
+        )
+}
+
+/// Which socket families the profile's network setting permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketFamilies {
+    /// `AF_UNIX` only.
+    UnixOnly,
+    /// `AF_UNIX`, `AF_INET`, `AF_INET6`.
+    UnixAndInet,
+}
+
+/// The syscall policy of one profile, after validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyscallPolicy {
+    /// Allowed syscall names.
+    pub allow: BTreeSet<String>,
+    /// Names the profile denies explicitly (they get `EPERM`).
+    pub deny: BTreeSet<String>,
+    /// Socket families.
+    pub families: SocketFamilies,
+}
+
+const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JMP_JEQ_K: u16 = 0x15;
+const BPF_JMP_JGE_K: u16 = 0x35;
+const BPF_JMP_JA: u16 = 0x05;
+const BPF_RET_K: u16 = 0x06;
+const BPF_MAXINSNS: usize = 4096;
+
+// Namespace flags refused on clone(2) (Docker's mask 0x7E020000, flag by flag).
+const CLONE_NAMESPACE_FLAGS: [u64; 7] = [
+    0x0002_0000, // CLONE_NEWNS
+    0x0200_0000, // CLONE_NEWCGROUP
+    0x0400_0000, // CLONE_NEWUTS
+    0x0800_0000, // CLONE_NEWIPC
+    0x1000_0000, // CLONE_NEWUSER
+    0x2000_0000, // CLONE_NEWPID
+    0x4000_0000, // CLONE_NEWNET
+];
+const TIOCSTI: u64 = 0x5412;
+const TIOCLINUX: u64 = 0x541C;
+const S_IFMT: u64 = 0o170000;
+const S_IFCHR: u64 = 0o020000;
+const S_IFBLK: u64 = 0o060000;
+const SOCK_TYPE_MASK: u64 = 0xf;
+const SOCK_RAW: u64 = 3;
+const SOCK_PACKET: u64 = 10;
+// personality(2) values that change nothing dangerous: PER_LINUX, query, and Docker's set.
+const PERSONALITY_ALLOWED: [u64; 5] = [0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
+
+fn number(name: &str) -> Result<i64, SeccompError> {
+    syscall_number(name).ok_or_else(|| SeccompError::UnknownSyscall(name.to_string()))
+}
+
+/// A condition on the low 32 bits of an argument: `int` arguments are truncated by the
+/// kernel, so comparing 64 bits would let high garbage bits slip past (CVE-2019-10063).
+fn low32(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SeccompError> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|source| {
+        SeccompError::Build {
+            which: "deny",
+            source,
+        }
+    })
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> {
+    SeccompRule::new(conditions).map_err(|source| SeccompError::Build {
+        which: "deny",
+        source,
+    })
+}
+
+/// Rules under which a syscall that is otherwise allowed gets `EPERM`.
+fn deny_rules(
+    families: SocketFamilies,
+) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
+    let mut rules = BTreeMap::new();
+
+    let clone_rules = CLONE_NAMESPACE_FLAGS
+        .iter()
+        .map(|flag| rule(vec![low32(0, SeccompCmpOp::MaskedEq(*flag), *flag)?]))
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(number("clone")?, clone_rules);
+
+    rules.insert(
+        number("ioctl")?,
+        vec![
+            rule(vec![low32(1, SeccompCmpOp::Eq, TIOCSTI)?])?,
+            rule(vec![low32(1, SeccompCmpOp::Eq, TIOCLINUX)?])?,
+        ],
+    );
+
+    let allowed_families: &[u64] = match families {
+        SocketFamilies::UnixOnly => &[libc::AF_UNIX as u64],
+        SocketFamilies::UnixAndInet => &[
+            libc::AF_UNIX as u64,
+            libc::AF_INET as u64,
+            libc::AF_INET6 as u64,
+        ],
+    };
+    let other_family = allowed_families
+        .iter()
+        .map(|family| low32(0, SeccompCmpOp::Ne, *family))
+        .collect::<Result<Vec<_>, _>>()?;
+    let raw_type = |ty| rule(vec![low32(1, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), ty)?]);
+    rules.insert(
+        number("socket")?,
+        vec![
+            rule(other_family.clone())?,
+            raw_type(SOCK_RAW)?,
+            raw_type(SOCK_PACKET)?,
+        ],
+    );
+    rules.insert(number("socketpair")?, vec![rule(other_family)?]);
+
+    let device = |arg| -> Result<Vec<SeccompRule>, SeccompError> {
+        Ok(vec![
+            rule(vec![low32(arg, SeccompCmpOp::MaskedEq(S_IFMT), S_IFCHR)?])?,
+            rule(vec![low32(arg, SeccompCmpOp::MaskedEq(S_IFMT), S_IFBLK)?])?,
+        ])
+    };
+    rules.insert(number("mknod")?, device(1)?);
+    rules.insert(number("mknodat")?, device(2)?);
+
+    let personality_changes = PERSONALITY_ALLOWED
+        .iter()
+        .map(|value| low32(0, SeccompCmpOp::Ne, *value))
+        .collect::<Result<Vec<_>, _>>()?;
+    rules.insert(number("personality")?, vec![rule(personality_changes)?]);
+
+    Ok(rules)
+}
+
+fn to_instruction(filter: &seccompiler::sock_filter) -> BpfInstruction {
+    BpfInstruction {
+        code: filter.code,
+        jt: filter.jt,
+        jf: filter.jf,
+        k: filter.k,
+    }
+}
+
+fn build(
+    rules: BTreeMap<i64, Vec<SeccompRule>>,
+    mismatch: SeccompAction,
+    matched: SeccompAction,
+    which: &'static str,
+) -> Result<Vec<BpfInstruction>, SeccompError> {
+    let filter = SeccompFilter::new(rules, mismatch, matched, TargetArch::x86_64)
+        .map_err(|source| SeccompError::Build { which, source })?;
+    let program: seccompiler::BpfProgram = filter
+        .try_into()
+        .map_err(|source| SeccompError::Build { which, source })?;
+    Ok(program.iter().map(to_instruction).collect())
+}
+
+/// Builds the single BPF program for a profile's syscall policy.
+pub fn compile_seccomp_program(
+    policy: &SyscallPolicy,
+) -> Result<Vec<BpfInstruction>, SeccompError> {
+    let eperm = SeccompAction::Errno(libc::EPERM as u32);
+
+    let mut deny = deny_rules(policy.families)?;
+    for name in DENIED_EPERM
+        .iter()
+        .copied()
+        .chain(policy.deny.iter().map(String::as_str))
+    {
+        // An empty rule list means "whatever the arguments".
+        deny.insert(number(name)?, Vec::new());
+    }
+    let deny_program = build(deny, SeccompAction::Allow, eperm, "deny")?;
+
+    let mut allow = BTreeMap::new();
+    for name in &policy.allow {
+        if !policy.deny.contains(name) {
+            allow.insert(number(name)?, Vec::new());
+        }
+    }
+    let allow_program = build(
+        allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        SeccompAction::Allow,
+        "allow",
+    )?;
+
+    let mut program = vec![
+        // seccomp_data.arch is at offset 4, .nr at offset 0.
+        BpfInstruction { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 4 },
+        BpfInstruction { code: BPF_JMP_JEQ_K, jt: 1, jf: 0, k: AUDIT_ARCH_X86_64 },
+        BpfInstruction { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_KILL_PROCESS },
+        BpfInstruction { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 0 },
+        BpfInstruction { code: BPF_JMP_JGE_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
+        BpfInstruction { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_KILL_PROCESS },
+    ];
+    let deny_len = deny_program.len();
+    for (index, instruction) in deny_program.into_iter().enumerate() {
+        if instruction.code == BPF_RET_K && instruction.k == SECCOMP_RET_ALLOW {
+            // Fall through to the allowlist, which starts right after the deny filter.
+            let offset = (deny_len - index - 1) as u32;
+            program.push(BpfInstruction { code: BPF_JMP_JA, jt: 0, jf: 0, k: offset });
+        } else {
+            program.push(instruction);
+        }
+    }
+    program.extend(allow_program);
+    if program.len() > BPF_MAXINSNS {
+        return Err(SeccompError::TooLong(program.len()));
+    }
+    Ok(program)
+}
+
+/// Hex SHA-256 of a program's bytes as the kernel sees them, reported in results.
+pub fn digest_program(program: &[BpfInstruction]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for i in program {
+        hasher.update(i.code.to_le_bytes());
+        hasher.update([i.jt, i.jf]);
+        hasher.update(i.k.to_le_bytes());
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A tiny interpreter for the classic-BPF subset seccomp programs use, so tests can ask
+/// "what happens to this syscall" of the exact program a worker installs.
+pub mod interpret {
+    use airlock_protocol::BpfInstruction;
+
+    /// What the kernel does with a syscall.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Verdict {
+        /// The syscall runs.
+        Allow,
+        /// It fails with this errno.
+        Errno(u32),
+        /// The process is killed with SIGSYS.
+        KillProcess,
+        /// Any other return value.
+        Other(u32),
+        /// The program is malformed (out-of-bounds jump or unknown opcode).
+        Invalid,
+    }
+
+    /// Runs `program` on a syscall (`nr`, `arch`, `args`).
+    pub fn evaluate(program: &[BpfInstruction], arch: u32, nr: u32, args: [u64; 6]) -> Verdict {
+        let load = |offset: u32| -> Option<u32> {
+            match offset {
+                0 => Some(nr),
+                4 => Some(arch),
+                16..=63 => {
+                    let index = ((offset - 16) / 8) as usize;
+                    let high = (offset - 16) % 8 == 4;
+                    let value = args[index];
+                    Some(if high { (value >> 32) as u32 } else { value as u32 })
+                }
+                _ => None,
+            }
+        };
+        let mut acc: u32 = 0;
+        let mut pc = 0usize;
+        while let Some(i) = program.get(pc) {
+            pc += 1;
+            match i.code {
+                0x20 => match load(i.k) {
+                    Some(v) => acc = v,
+                    None => return Verdict::Invalid,
+                },
+                0x54 => acc &= i.k,
+                0x05 => pc += i.k as usize,
+                0x15 | 0x25 | 0x35 | 0x45 => {
+                    let taken = match i.code {
+                        0x15 => acc == i.k,
+                        0x25 => acc > i.k,
+                        0x35 => acc >= i.k,
+                        _ => acc & i.k != 0,
+                    };
+                    pc += usize::from(if taken { i.jt } else { i.jf });
+                }
+                0x06 => {
+                    return match i.k {
+                        0x7fff_0000 => Verdict::Allow,
+                        0x8000_0000 => Verdict::KillProcess,
+                        k if k & 0xffff_0000 == 0x0005_0000 => Verdict::Errno(k & 0xffff),
+                        k => Verdict::Other(k),
+                    };
+                }
+                _ => return Verdict::Invalid,
+            }
+        }
+        Verdict::Invalid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interpret::{Verdict, evaluate};
+    use super::*;
+
+    const EPERM: Verdict = Verdict::Errno(1);
+    const ENOSYS: Verdict = Verdict::Errno(38);
+
+    fn default_policy(families: SocketFamilies) -> SyscallPolicy {
+        SyscallPolicy {
+            allow: DEFAULT_ALLOW.iter().map(|s| s.to_string()).collect(),
+            deny: BTreeSet::new(),
+            families,
+        }
+    }
+
+    fn verdict(program: &[BpfInstruction], name: &str, args: [u64; 6]) -> Verdict {
+        let nr = syscall_number(name).unwrap() as u32;
+        evaluate(program, AUDIT_ARCH_X86_64, nr, args)
+    }
+
+    #[test]
+    fn default_allowlist_has_no_never_allowed_syscall_and_only_known_names() {
+        for name in DEFAULT_ALLOW {
+            assert!(!is_never_allowed(name), "{name}");
+            assert!(syscall_number(name).is_some(), "{name}");
+        }
+        for name in DENIED_EPERM {
+            assert!(syscall_number(name).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn ordinary_syscalls_are_allowed() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        for name in ["read", "write", "openat", "execve", "exit_group", "mmap", "futex"] {
+            assert_eq!(verdict(&p, name, [0; 6]), Verdict::Allow, "{name}");
+        }
+        // fork-style clone and thread clone stay allowed.
+        assert_eq!(verdict(&p, "clone", [0x11 /* SIGCHLD */, 0, 0, 0, 0, 0]), Verdict::Allow);
+        assert_eq!(verdict(&p, "clone", [0x003d_0f00, 0, 0, 0, 0, 0]), Verdict::Allow);
+    }
+
+    #[test]
+    fn dangerous_syscalls_get_eperm() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        for name in DENIED_EPERM {
+            assert_eq!(verdict(&p, name, [0; 6]), EPERM, "{name}");
+        }
+    }
+
+    #[test]
+    fn clone3_io_uring_and_unknown_numbers_get_enosys() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        for name in ["clone3", "io_uring_setup", "io_uring_enter", "io_uring_register"] {
+            assert_eq!(verdict(&p, name, [0; 6]), ENOSYS, "{name}");
+        }
+        assert_eq!(evaluate(&p, AUDIT_ARCH_X86_64, 1000, [0; 6]), ENOSYS);
+    }
+
+    #[test]
+    fn wrong_architecture_and_x32_numbers_kill_the_process() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+        assert_eq!(evaluate(&p, AUDIT_ARCH_I386, 20, [0; 6]), Verdict::KillProcess);
+        let x32_getpid = X32_SYSCALL_BIT | 39;
+        assert_eq!(evaluate(&p, AUDIT_ARCH_X86_64, x32_getpid, [0; 6]), Verdict::KillProcess);
+    }
+
+    #[test]
+    fn clone_with_any_namespace_flag_gets_eperm() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        for flag in CLONE_NAMESPACE_FLAGS {
+            assert_eq!(verdict(&p, "clone", [flag | 0x11, 0, 0, 0, 0, 0]), EPERM, "{flag:#x}");
+        }
+    }
+
+    #[test]
+    fn terminal_injection_ioctls_get_eperm_even_with_high_bits_set() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        assert_eq!(verdict(&p, "ioctl", [0, TIOCSTI, 0, 0, 0, 0]), EPERM);
+        assert_eq!(verdict(&p, "ioctl", [0, TIOCLINUX, 0, 0, 0, 0]), EPERM);
+        assert_eq!(verdict(&p, "ioctl", [0, (0x123 << 32) | TIOCSTI, 0, 0, 0, 0]), EPERM);
+        assert_eq!(verdict(&p, "ioctl", [0, 0x5401 /* TCGETS */, 0, 0, 0, 0]), Verdict::Allow);
+    }
+
+    #[test]
+    fn socket_families_follow_the_network_setting() {
+        let none = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        let inet = compile_seccomp_program(&default_policy(SocketFamilies::UnixAndInet)).unwrap();
+        let stream = 1;
+        let af = |f: i32| f as u64;
+        assert_eq!(verdict(&none, "socket", [af(libc::AF_UNIX), stream, 0, 0, 0, 0]), Verdict::Allow);
+        assert_eq!(verdict(&none, "socket", [af(libc::AF_INET), stream, 0, 0, 0, 0]), EPERM);
+        assert_eq!(verdict(&inet, "socket", [af(libc::AF_INET), stream, 0, 0, 0, 0]), Verdict::Allow);
+        assert_eq!(verdict(&inet, "socket", [af(libc::AF_INET6), stream, 0, 0, 0, 0]), Verdict::Allow);
+        for family in [libc::AF_PACKET, libc::AF_NETLINK, libc::AF_VSOCK, libc::AF_ALG] {
+            assert_eq!(verdict(&inet, "socket", [af(family), stream, 0, 0, 0, 0]), EPERM);
+            assert_eq!(verdict(&none, "socketpair", [af(family), stream, 0, 0, 0, 0]), EPERM);
+        }
+        // The family is an int: high bits must not smuggle AF_PACKET past the filter.
+        let smuggled = (1u64 << 32) | af(libc::AF_PACKET);
+        assert_eq!(verdict(&inet, "socket", [smuggled, stream, 0, 0, 0, 0]), EPERM);
+        assert_eq!(verdict(&inet, "socket", [af(libc::AF_INET), SOCK_RAW, 0, 0, 0, 0]), EPERM);
+    }
+
+    #[test]
+    fn device_nodes_and_personality_changes_get_eperm() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        assert_eq!(verdict(&p, "mknod", [0, S_IFCHR | 0o600, 0, 0, 0, 0]), EPERM);
+        assert_eq!(verdict(&p, "mknodat", [0, 0, S_IFBLK | 0o600, 0, 0, 0]), EPERM);
+        assert_eq!(verdict(&p, "mknodat", [0, 0, 0o010000 /* FIFO */ | 0o600, 0, 0, 0]), Verdict::Allow);
+        assert_eq!(verdict(&p, "personality", [0xffff_ffff, 0, 0, 0, 0, 0]), Verdict::Allow);
+        assert_eq!(verdict(&p, "personality", [0x0040_0000 /* READ_IMPLIES_EXEC */, 0, 0, 0, 0, 0]), EPERM);
+    }
+
+    #[test]
+    fn profile_deny_list_overrides_the_allowlist_with_eperm() {
+        let mut policy = default_policy(SocketFamilies::UnixOnly);
+        policy.deny.insert("mkdir".to_string());
+        let p = compile_seccomp_program(&policy).unwrap();
+        assert_eq!(verdict(&p, "mkdir", [0; 6]), EPERM);
+        assert_eq!(verdict(&p, "rmdir", [0; 6]), Verdict::Allow);
+    }
+
+    #[test]
+    fn program_fits_the_kernel_limit_and_has_a_stable_digest() {
+        let a = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        let b = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        assert!(a.len() <= BPF_MAXINSNS);
+        assert_eq!(digest_program(&a), digest_program(&b));
+        assert_eq!(digest_program(&a).len(), 64);
+    }
+}
