@@ -3,6 +3,7 @@
 
 pub mod diagnostic;
 pub mod model;
+pub mod schema;
 pub mod seccomp;
 pub mod syscalls;
 pub mod units;

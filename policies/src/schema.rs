@@ -1,0 +1,389 @@
+//! Tool input and output checks: size and depth limits, then JSON Schema (draft-07, 2020-12).
+//!
+//! Runs in the supervisor before anything is spawned. Errors carry the JSON pointer and the
+//! keyword that failed, never the offending value: tool arguments are model-written and may
+//! hold secrets. The `jsonschema` crate is built without default features, so a schema's
+//! `$ref` can never fetch a URL or read a local file.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// Default largest accepted input, in bytes of JSON text.
+pub const DEFAULT_MAX_INPUT_BYTES: usize = 1 << 20;
+/// Default deepest accepted nesting of arrays and objects.
+pub const DEFAULT_MAX_DEPTH: usize = 64;
+
+const DRAFT_07: &str = "http://json-schema.org/draft-07/schema";
+const DRAFT_2020_12: &str = "https://json-schema.org/draft/2020-12/schema";
+
+/// Why a schema in a policy file was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// `$schema` names a draft we do not support.
+    #[error("unsupported $schema {0:?}; use draft-07 or 2020-12")]
+    UnsupportedDraft(String),
+    /// The schema does not compile.
+    #[error("schema does not compile: {0}")]
+    Invalid(String),
+}
+
+/// Limits checked before parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputLimits {
+    /// Largest JSON text, bytes.
+    pub max_bytes: usize,
+    /// Deepest nesting of arrays and objects.
+    pub max_depth: usize,
+}
+
+impl Default for InputLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: DEFAULT_MAX_INPUT_BYTES,
+            max_depth: DEFAULT_MAX_DEPTH,
+        }
+    }
+}
+
+/// One schema violation, without the offending value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// JSON pointer to the offending place in the input (`""` is the whole input).
+    pub path: String,
+    /// The schema keyword that failed (`type`, `required`, `maxLength`, ...).
+    pub keyword: String,
+    /// A message built from the keyword and the schema's own operands only.
+    pub message: String,
+}
+
+/// Why a tool input (or output) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum InputError {
+    /// The text is larger than the limit.
+    #[error("input is {size} bytes; the limit is {limit}")]
+    TooLarge {
+        /// Size of the text.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// Arrays and objects nest deeper than the limit.
+    #[error("input nests deeper than {limit} levels")]
+    TooDeep {
+        /// The limit.
+        limit: usize,
+    },
+    /// The text is not JSON.
+    #[error("input is not valid JSON (line {line}, column {column})")]
+    NotJson {
+        /// 1-based line of the syntax error.
+        line: usize,
+        /// 1-based column of the syntax error.
+        column: usize,
+    },
+    /// The value does not match the schema.
+    #[error("input does not match the schema: {}", summarize(.violations))]
+    Schema {
+        /// Every violation found.
+        violations: Vec<Violation>,
+    },
+}
+
+fn summarize(violations: &[Violation]) -> String {
+    violations
+        .iter()
+        .map(|v| {
+            let at = if v.path.is_empty() { "/" } else { &v.path };
+            format!("{at}: {}", v.message)
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A compiled schema, cheap to share between calls.
+#[derive(Debug, Clone)]
+pub struct CompiledSchema {
+    validator: std::sync::Arc<jsonschema::Validator>,
+}
+
+/// Makes every plain object schema closed: a schema with `properties` (or `type: object`)
+/// that says nothing about `additionalProperties`, `unevaluatedProperties` or
+/// `patternProperties` gets `additionalProperties: false`. Applied recursively, including
+/// inside `items`, `$defs` and combinators.
+pub fn close_object_schemas(schema: &mut Value) {
+    match schema {
+        Value::Object(map) => {
+            let is_object_schema = map.contains_key("properties")
+                || map.get("type").and_then(Value::as_str) == Some("object");
+            let says_otherwise = ["additionalProperties", "unevaluatedProperties", "patternProperties"]
+                .iter()
+                .any(|k| map.contains_key(*k));
+            if is_object_schema && !says_otherwise {
+                map.insert("additionalProperties".to_string(), Value::Bool(false));
+            }
+            for (key, value) in map.iter_mut() {
+                // `const`, `enum`, `default` and `examples` hold instance data, not schemas.
+                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
+                    close_object_schemas(value);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(close_object_schemas),
+        _ => {}
+    }
+}
+
+/// Compiles a schema (draft chosen by `$schema`, 2020-12 when absent).
+pub fn compile_schema(schema: &Value, strict_objects: bool) -> Result<CompiledSchema, SchemaError> {
+    let draft = match schema.get("$schema").and_then(Value::as_str) {
+        None => jsonschema::Draft::Draft202012,
+        Some(uri) => {
+            let uri = uri.trim_end_matches('#');
+            if uri == DRAFT_07 || uri == "https://json-schema.org/draft-07/schema" {
+                jsonschema::Draft::Draft7
+            } else if uri == DRAFT_2020_12 {
+                jsonschema::Draft::Draft202012
+            } else {
+                return Err(SchemaError::UnsupportedDraft(uri.to_string()));
+            }
+        }
+    };
+    let mut schema = schema.clone();
+    if strict_objects {
+        close_object_schemas(&mut schema);
+    }
+    let validator = jsonschema::options()
+        .with_draft(draft)
+        .should_validate_formats(true)
+        // Linear-time regexes: patterns run on model-written input.
+        .with_pattern_options(jsonschema::PatternOptions::regex())
+        .build(&schema)
+        .map_err(|e| SchemaError::Invalid(e.masked().to_string()))?;
+    Ok(CompiledSchema {
+        validator: std::sync::Arc::new(validator),
+    })
+}
+
+/// Deepest nesting of `[`/`{` in JSON text, counted outside strings, stopping early once
+/// `limit` is passed (so a hostile input costs one linear scan, no recursion).
+fn nesting_exceeds(text: &str, limit: usize) -> bool {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for byte in text.bytes() {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// The error's message with instance values masked. Unexpected property *names* are
+/// model-written too, so those kinds get a fixed message.
+fn safe_message(error: &jsonschema::ValidationError<'_>) -> String {
+    use jsonschema::error::ValidationErrorKind as Kind;
+    match error.kind() {
+        Kind::AdditionalProperties { unexpected } | Kind::UnevaluatedProperties { unexpected } => {
+            format!("{} unexpected propert{}", unexpected.len(), if unexpected.len() == 1 { "y" } else { "ies" })
+        }
+        Kind::UnevaluatedItems { unexpected } => format!("{} unexpected items", unexpected.len()),
+        _ => error.masked().to_string(),
+    }
+}
+
+impl CompiledSchema {
+    /// Checks a parsed value and returns every violation.
+    pub fn check_value(&self, value: &Value) -> Result<(), Vec<Violation>> {
+        let violations: Vec<Violation> = self
+            .validator
+            .iter_errors(value)
+            .map(|error| Violation {
+                path: error.instance_path().as_str().to_string(),
+                keyword: error.kind().keyword().to_string(),
+                message: safe_message(&error),
+            })
+            .collect();
+        if violations.is_empty() {
+            Ok(())
+        } else {
+            Err(violations)
+        }
+    }
+
+    /// Checks JSON text: size, then depth, then syntax, then the schema. Returns the value.
+    pub fn check_text(&self, text: &str, limits: InputLimits) -> Result<Value, InputError> {
+        if text.len() > limits.max_bytes {
+            return Err(InputError::TooLarge {
+                size: text.len(),
+                limit: limits.max_bytes,
+            });
+        }
+        if nesting_exceeds(text, limits.max_depth) {
+            return Err(InputError::TooDeep {
+                limit: limits.max_depth,
+            });
+        }
+        let value: Value = serde_json::from_str(text).map_err(|e| InputError::NotJson {
+            line: e.line(),
+            column: e.column(),
+        })?;
+        self.check_value(&value)
+            .map_err(|violations| InputError::Schema { violations })?;
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn word_count_schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "text": {"type": "string", "maxLength": 10},
+                "count": {"type": "integer", "minimum": 0},
+                "email": {"type": "string", "format": "email"}
+            },
+            "required": ["text"]
+        })
+    }
+
+    #[test]
+    fn valid_input_is_returned_parsed() {
+        let schema = compile_schema(&word_count_schema(), false).unwrap();
+        let value = schema
+            .check_text(r#"{"text": "hello"}"#, InputLimits::default())
+            .unwrap();
+        assert_eq!(value, json!({"text": "hello"}));
+    }
+
+    #[test]
+    fn violations_name_the_pointer_and_keyword_but_never_the_value() {
+        let schema = compile_schema(&word_count_schema(), false).unwrap();
+        let secret = "hunter2-secret-value";
+        let text = format!(r#"{{"text": "{secret}", "count": -5, "email": "{secret}"}}"#);
+        let err = schema.check_text(&text, InputLimits::default()).unwrap_err();
+        let InputError::Schema { violations } = &err else {
+            panic!("expected schema error, got {err:?}");
+        };
+        let mut found: Vec<(&str, &str)> = violations
+            .iter()
+            .map(|v| (v.path.as_str(), v.keyword.as_str()))
+            .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            vec![("/count", "minimum"), ("/email", "format"), ("/text", "maxLength")]
+        );
+        let rendered = format!("{err} {:?} {}", violations, serde_json::to_string(&err).unwrap());
+        assert!(!rendered.contains(secret), "{rendered}");
+        assert!(!rendered.contains("-5"), "{rendered}");
+    }
+
+    #[test]
+    fn missing_required_field_is_reported_at_the_root() {
+        let schema = compile_schema(&word_count_schema(), false).unwrap();
+        let err = schema.check_text("{}", InputLimits::default()).unwrap_err();
+        let InputError::Schema { violations } = err else { panic!() };
+        assert_eq!(violations[0].path, "");
+        assert_eq!(violations[0].keyword, "required");
+    }
+
+    #[test]
+    fn oversized_input_is_refused_before_parsing() {
+        let schema = compile_schema(&word_count_schema(), false).unwrap();
+        let limits = InputLimits { max_bytes: 16, max_depth: 64 };
+        let err = schema.check_text(r#"{"text": "0123456789abc"}"#, limits).unwrap_err();
+        assert!(matches!(err, InputError::TooLarge { size: 25, limit: 16 }));
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_parsing() {
+        let schema = compile_schema(&json!({}), false).unwrap();
+        let deep = "[".repeat(100_000);
+        let err = schema.check_text(&deep, InputLimits::default()).unwrap_err();
+        assert_eq!(err, InputError::TooDeep { limit: DEFAULT_MAX_DEPTH });
+        // Brackets inside strings do not count.
+        let text = format!(r#"{{"a": "{}"}}"#, "[".repeat(1000));
+        assert!(schema.check_text(&text, InputLimits::default()).is_ok());
+    }
+
+    #[test]
+    fn malformed_json_reports_position_only() {
+        let schema = compile_schema(&json!({}), false).unwrap();
+        let err = schema.check_text("{\"a\": secret}", InputLimits::default()).unwrap_err();
+        assert_eq!(err, InputError::NotJson { line: 1, column: 7 });
+        assert!(!err.to_string().contains("secret"));
+    }
+
+    #[test]
+    fn draft_07_and_2020_12_are_accepted_and_others_refused() {
+        let d7 = json!({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"});
+        let d2020 = json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"});
+        let d4 = json!({"$schema": "http://json-schema.org/draft-04/schema#"});
+        assert!(compile_schema(&d7, false).is_ok());
+        assert!(compile_schema(&d2020, false).is_ok());
+        assert!(matches!(compile_schema(&d4, false), Err(SchemaError::UnsupportedDraft(_))));
+    }
+
+    #[test]
+    fn remote_and_file_refs_are_never_fetched() {
+        for uri in ["https://example.com/s.json", "file:///etc/passwd"] {
+            let schema = json!({"$ref": uri});
+            assert!(matches!(compile_schema(&schema, false), Err(SchemaError::Invalid(_))), "{uri}");
+        }
+    }
+
+    #[test]
+    fn broken_schema_does_not_compile() {
+        let schema = json!({"type": "no-such-type"});
+        assert!(matches!(compile_schema(&schema, false), Err(SchemaError::Invalid(_))));
+    }
+
+    #[test]
+    fn strict_objects_close_nested_plain_object_schemas() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "inner": {"type": "object", "properties": {"a": {"type": "string"}}},
+                "open": {"type": "object", "additionalProperties": true},
+                "list": {"type": "array", "items": {"properties": {"b": {}}}},
+                "c": {"const": {"properties": {}}}
+            }
+        });
+        close_object_schemas(&mut schema);
+        assert_eq!(schema["additionalProperties"], json!(false));
+        assert_eq!(schema["properties"]["inner"]["additionalProperties"], json!(false));
+        assert_eq!(schema["properties"]["open"]["additionalProperties"], json!(true));
+        assert_eq!(schema["properties"]["list"]["items"]["additionalProperties"], json!(false));
+        assert_eq!(schema["properties"]["c"]["const"], json!({"properties": {}}));
+
+        let compiled = compile_schema(&word_count_schema(), true).unwrap();
+        let err = compiled
+            .check_text(r#"{"text": "a", "extra_secret_key": 1}"#, InputLimits::default())
+            .unwrap_err();
+        let InputError::Schema { violations } = err else { panic!() };
+        assert_eq!(violations[0].keyword, "additionalProperties");
+        assert_eq!(violations[0].message, "1 unexpected property");
+    }
+}
