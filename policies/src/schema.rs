@@ -116,9 +116,13 @@ pub fn close_object_schemas(schema: &mut Value) {
         Value::Object(map) => {
             let is_object_schema = map.contains_key("properties")
                 || map.get("type").and_then(Value::as_str) == Some("object");
-            let says_otherwise = ["additionalProperties", "unevaluatedProperties", "patternProperties"]
-                .iter()
-                .any(|k| map.contains_key(*k));
+            let says_otherwise = [
+                "additionalProperties",
+                "unevaluatedProperties",
+                "patternProperties",
+            ]
+            .iter()
+            .any(|k| map.contains_key(*k));
             if is_object_schema && !says_otherwise {
                 map.insert("additionalProperties".to_string(), Value::Bool(false));
             }
@@ -202,7 +206,11 @@ fn safe_message(error: &jsonschema::ValidationError<'_>) -> String {
     use jsonschema::error::ValidationErrorKind as Kind;
     match error.kind() {
         Kind::AdditionalProperties { unexpected } | Kind::UnevaluatedProperties { unexpected } => {
-            format!("{} unexpected propert{}", unexpected.len(), if unexpected.len() == 1 { "y" } else { "ies" })
+            format!(
+                "{} unexpected propert{}",
+                unexpected.len(),
+                if unexpected.len() == 1 { "y" } else { "ies" }
+            )
         }
         Kind::UnevaluatedItems { unexpected } => format!("{} unexpected items", unexpected.len()),
         _ => error.masked().to_string(),
@@ -282,7 +290,9 @@ mod tests {
         let schema = compile_schema(&word_count_schema(), false).unwrap();
         let secret = "hunter2-secret-value";
         let text = format!(r#"{{"text": "{secret}", "count": -5, "email": "{secret}"}}"#);
-        let err = schema.check_text(&text, InputLimits::default()).unwrap_err();
+        let err = schema
+            .check_text(&text, InputLimits::default())
+            .unwrap_err();
         let InputError::Schema { violations } = &err else {
             panic!("expected schema error, got {err:?}");
         };
@@ -293,9 +303,17 @@ mod tests {
         found.sort();
         assert_eq!(
             found,
-            vec![("/count", "minimum"), ("/email", "format"), ("/text", "maxLength")]
+            vec![
+                ("/count", "minimum"),
+                ("/email", "format"),
+                ("/text", "maxLength")
+            ]
         );
-        let rendered = format!("{err} {:?} {}", violations, serde_json::to_string(&err).unwrap());
+        let rendered = format!(
+            "{err} {:?} {}",
+            violations,
+            serde_json::to_string(&err).unwrap()
+        );
         assert!(!rendered.contains(secret), "{rendered}");
         assert!(!rendered.contains("-5"), "{rendered}");
     }
@@ -304,7 +322,9 @@ mod tests {
     fn missing_required_field_is_reported_at_the_root() {
         let schema = compile_schema(&word_count_schema(), false).unwrap();
         let err = schema.check_text("{}", InputLimits::default()).unwrap_err();
-        let InputError::Schema { violations } = err else { panic!() };
+        let InputError::Schema { violations } = err else {
+            panic!()
+        };
         assert_eq!(violations[0].path, "");
         assert_eq!(violations[0].keyword, "required");
     }
@@ -312,17 +332,35 @@ mod tests {
     #[test]
     fn oversized_input_is_refused_before_parsing() {
         let schema = compile_schema(&word_count_schema(), false).unwrap();
-        let limits = InputLimits { max_bytes: 16, max_depth: 64 };
-        let err = schema.check_text(r#"{"text": "0123456789abc"}"#, limits).unwrap_err();
-        assert!(matches!(err, InputError::TooLarge { size: 25, limit: 16 }));
+        let limits = InputLimits {
+            max_bytes: 16,
+            max_depth: 64,
+        };
+        let err = schema
+            .check_text(r#"{"text": "0123456789abc"}"#, limits)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            InputError::TooLarge {
+                size: 25,
+                limit: 16
+            }
+        ));
     }
 
     #[test]
     fn deep_nesting_is_refused_before_parsing() {
         let schema = compile_schema(&json!({}), false).unwrap();
         let deep = "[".repeat(100_000);
-        let err = schema.check_text(&deep, InputLimits::default()).unwrap_err();
-        assert_eq!(err, InputError::TooDeep { limit: DEFAULT_MAX_DEPTH });
+        let err = schema
+            .check_text(&deep, InputLimits::default())
+            .unwrap_err();
+        assert_eq!(
+            err,
+            InputError::TooDeep {
+                limit: DEFAULT_MAX_DEPTH
+            }
+        );
         // Brackets inside strings do not count.
         let text = format!(r#"{{"a": "{}"}}"#, "[".repeat(1000));
         assert!(schema.check_text(&text, InputLimits::default()).is_ok());
@@ -331,7 +369,9 @@ mod tests {
     #[test]
     fn malformed_json_reports_position_only() {
         let schema = compile_schema(&json!({}), false).unwrap();
-        let err = schema.check_text("{\"a\": secret}", InputLimits::default()).unwrap_err();
+        let err = schema
+            .check_text("{\"a\": secret}", InputLimits::default())
+            .unwrap_err();
         assert_eq!(err, InputError::NotJson { line: 1, column: 7 });
         assert!(!err.to_string().contains("secret"));
     }
@@ -339,25 +379,35 @@ mod tests {
     #[test]
     fn draft_07_and_2020_12_are_accepted_and_others_refused() {
         let d7 = json!({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"});
-        let d2020 = json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"});
+        let d2020 =
+            json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"});
         let d4 = json!({"$schema": "http://json-schema.org/draft-04/schema#"});
         assert!(compile_schema(&d7, false).is_ok());
         assert!(compile_schema(&d2020, false).is_ok());
-        assert!(matches!(compile_schema(&d4, false), Err(SchemaError::UnsupportedDraft(_))));
+        assert!(matches!(
+            compile_schema(&d4, false),
+            Err(SchemaError::UnsupportedDraft(_))
+        ));
     }
 
     #[test]
     fn remote_and_file_refs_are_never_fetched() {
         for uri in ["https://example.com/s.json", "file:///etc/passwd"] {
             let schema = json!({"$ref": uri});
-            assert!(matches!(compile_schema(&schema, false), Err(SchemaError::Invalid(_))), "{uri}");
+            assert!(
+                matches!(compile_schema(&schema, false), Err(SchemaError::Invalid(_))),
+                "{uri}"
+            );
         }
     }
 
     #[test]
     fn broken_schema_does_not_compile() {
         let schema = json!({"type": "no-such-type"});
-        assert!(matches!(compile_schema(&schema, false), Err(SchemaError::Invalid(_))));
+        assert!(matches!(
+            compile_schema(&schema, false),
+            Err(SchemaError::Invalid(_))
+        ));
     }
 
     #[test]
@@ -373,16 +423,33 @@ mod tests {
         });
         close_object_schemas(&mut schema);
         assert_eq!(schema["additionalProperties"], json!(false));
-        assert_eq!(schema["properties"]["inner"]["additionalProperties"], json!(false));
-        assert_eq!(schema["properties"]["open"]["additionalProperties"], json!(true));
-        assert_eq!(schema["properties"]["list"]["items"]["additionalProperties"], json!(false));
-        assert_eq!(schema["properties"]["c"]["const"], json!({"properties": {}}));
+        assert_eq!(
+            schema["properties"]["inner"]["additionalProperties"],
+            json!(false)
+        );
+        assert_eq!(
+            schema["properties"]["open"]["additionalProperties"],
+            json!(true)
+        );
+        assert_eq!(
+            schema["properties"]["list"]["items"]["additionalProperties"],
+            json!(false)
+        );
+        assert_eq!(
+            schema["properties"]["c"]["const"],
+            json!({"properties": {}})
+        );
 
         let compiled = compile_schema(&word_count_schema(), true).unwrap();
         let err = compiled
-            .check_text(r#"{"text": "a", "extra_secret_key": 1}"#, InputLimits::default())
+            .check_text(
+                r#"{"text": "a", "extra_secret_key": 1}"#,
+                InputLimits::default(),
+            )
             .unwrap_err();
-        let InputError::Schema { violations } = err else { panic!() };
+        let InputError::Schema { violations } = err else {
+            panic!()
+        };
         assert_eq!(violations[0].keyword, "additionalProperties");
         assert_eq!(violations[0].message, "1 unexpected property");
     }

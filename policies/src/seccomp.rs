@@ -49,73 +49,356 @@ pub enum SeccompError {
 /// The syscalls the `default` base allows (subject to the argument rules of the deny filter).
 pub const DEFAULT_ALLOW: &[&str] = &[
     // Descriptors and I/O.
-    "read", "write", "readv", "writev", "pread64", "pwrite64", "preadv", "pwritev", "preadv2",
-    "pwritev2", "lseek", "close", "close_range", "dup", "dup2", "dup3", "fcntl", "ioctl", "poll",
-    "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait",
-    "epoll_pwait", "epoll_pwait2", "pipe", "pipe2", "eventfd", "eventfd2", "signalfd",
-    "signalfd4", "timerfd_create", "timerfd_settime", "timerfd_gettime", "sendfile", "splice",
-    "tee", "copy_file_range", "fsync", "fdatasync", "sync_file_range", "syncfs", "sync", "flock",
-    "readahead", "fadvise64", "memfd_create", "inotify_init", "inotify_init1",
-    "inotify_add_watch", "inotify_rm_watch",
+    "read",
+    "write",
+    "readv",
+    "writev",
+    "pread64",
+    "pwrite64",
+    "preadv",
+    "pwritev",
+    "preadv2",
+    "pwritev2",
+    "lseek",
+    "close",
+    "close_range",
+    "dup",
+    "dup2",
+    "dup3",
+    "fcntl",
+    "ioctl",
+    "poll",
+    "ppoll",
+    "select",
+    "pselect6",
+    "epoll_create",
+    "epoll_create1",
+    "epoll_ctl",
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "pipe",
+    "pipe2",
+    "eventfd",
+    "eventfd2",
+    "signalfd",
+    "signalfd4",
+    "timerfd_create",
+    "timerfd_settime",
+    "timerfd_gettime",
+    "sendfile",
+    "splice",
+    "tee",
+    "copy_file_range",
+    "fsync",
+    "fdatasync",
+    "sync_file_range",
+    "syncfs",
+    "sync",
+    "flock",
+    "readahead",
+    "fadvise64",
+    "memfd_create",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "inotify_rm_watch",
     // Files and directories.
-    "open", "openat", "openat2", "creat", "stat", "fstat", "lstat", "newfstatat", "statx",
-    "statfs", "fstatfs", "access", "faccessat", "faccessat2", "getdents", "getdents64", "getcwd",
-    "chdir", "fchdir", "rename", "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "link",
-    "linkat", "unlink", "unlinkat", "symlink", "symlinkat", "readlink", "readlinkat", "chmod",
-    "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat", "umask",
-    "truncate", "ftruncate", "fallocate", "utime", "utimes", "utimensat", "futimesat", "mknod",
-    "mknodat", "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr",
-    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
+    "open",
+    "openat",
+    "openat2",
+    "creat",
+    "stat",
+    "fstat",
+    "lstat",
+    "newfstatat",
+    "statx",
+    "statfs",
+    "fstatfs",
+    "access",
+    "faccessat",
+    "faccessat2",
+    "getdents",
+    "getdents64",
+    "getcwd",
+    "chdir",
+    "fchdir",
+    "rename",
+    "renameat",
+    "renameat2",
+    "mkdir",
+    "mkdirat",
+    "rmdir",
+    "link",
+    "linkat",
+    "unlink",
+    "unlinkat",
+    "symlink",
+    "symlinkat",
+    "readlink",
+    "readlinkat",
+    "chmod",
+    "fchmod",
+    "fchmodat",
+    "fchmodat2",
+    "chown",
+    "fchown",
+    "lchown",
+    "fchownat",
+    "umask",
+    "truncate",
+    "ftruncate",
+    "fallocate",
+    "utime",
+    "utimes",
+    "utimensat",
+    "futimesat",
+    "mknod",
+    "mknodat",
+    "getxattr",
+    "lgetxattr",
+    "fgetxattr",
+    "listxattr",
+    "llistxattr",
+    "flistxattr",
+    "setxattr",
+    "lsetxattr",
+    "fsetxattr",
+    "removexattr",
+    "lremovexattr",
+    "fremovexattr",
     // Memory.
-    "mmap", "munmap", "mprotect", "mremap", "msync", "mincore", "madvise", "brk", "mlock",
-    "munlock", "mlock2", "mlockall", "munlockall", "pkey_mprotect", "pkey_alloc", "pkey_free",
-    "membarrier", "mseal",
+    "mmap",
+    "munmap",
+    "mprotect",
+    "mremap",
+    "msync",
+    "mincore",
+    "madvise",
+    "brk",
+    "mlock",
+    "munlock",
+    "mlock2",
+    "mlockall",
+    "munlockall",
+    "pkey_mprotect",
+    "pkey_alloc",
+    "pkey_free",
+    "membarrier",
+    "mseal",
     // Processes and threads (clone's namespace flags are refused by the deny filter).
-    "clone", "fork", "vfork", "execve", "execveat", "exit", "exit_group", "wait4", "waitid",
-    "kill", "tkill", "tgkill", "getpid", "getppid", "gettid", "getpgid", "setpgid", "getpgrp",
-    "getsid", "setsid", "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid",
-    "getgroups", "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid",
-    "setgroups", "setfsuid", "setfsgid", "capget", "capset", "prctl", "arch_prctl",
-    "set_tid_address", "set_robust_list", "get_robust_list", "rseq", "futex", "futex_waitv",
-    "sched_yield", "sched_getaffinity", "sched_setaffinity", "sched_getparam", "sched_setparam",
-    "sched_getscheduler", "sched_setscheduler", "sched_get_priority_max",
-    "sched_get_priority_min", "sched_rr_get_interval", "sched_getattr", "sched_setattr",
-    "getpriority", "setpriority", "getrlimit", "setrlimit", "prlimit64", "getrusage", "times",
-    "uname", "sysinfo", "personality", "pidfd_open", "pidfd_send_signal", "restart_syscall",
-    "ioprio_get", "ioprio_set", "getcpu", "seccomp", "landlock_create_ruleset",
-    "landlock_add_rule", "landlock_restrict_self",
+    "clone",
+    "fork",
+    "vfork",
+    "execve",
+    "execveat",
+    "exit",
+    "exit_group",
+    "wait4",
+    "waitid",
+    "kill",
+    "tkill",
+    "tgkill",
+    "getpid",
+    "getppid",
+    "gettid",
+    "getpgid",
+    "setpgid",
+    "getpgrp",
+    "getsid",
+    "setsid",
+    "getuid",
+    "geteuid",
+    "getgid",
+    "getegid",
+    "getresuid",
+    "getresgid",
+    "getgroups",
+    "setuid",
+    "setgid",
+    "setreuid",
+    "setregid",
+    "setresuid",
+    "setresgid",
+    "setgroups",
+    "setfsuid",
+    "setfsgid",
+    "capget",
+    "capset",
+    "prctl",
+    "arch_prctl",
+    "set_tid_address",
+    "set_robust_list",
+    "get_robust_list",
+    "rseq",
+    "futex",
+    "futex_waitv",
+    "sched_yield",
+    "sched_getaffinity",
+    "sched_setaffinity",
+    "sched_getparam",
+    "sched_setparam",
+    "sched_getscheduler",
+    "sched_setscheduler",
+    "sched_get_priority_max",
+    "sched_get_priority_min",
+    "sched_rr_get_interval",
+    "sched_getattr",
+    "sched_setattr",
+    "getpriority",
+    "setpriority",
+    "getrlimit",
+    "setrlimit",
+    "prlimit64",
+    "getrusage",
+    "times",
+    "uname",
+    "sysinfo",
+    "personality",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "restart_syscall",
+    "ioprio_get",
+    "ioprio_set",
+    "getcpu",
+    "seccomp",
+    "landlock_create_ruleset",
+    "landlock_add_rule",
+    "landlock_restrict_self",
     // Signals and timers.
-    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending", "rt_sigtimedwait",
-    "rt_sigqueueinfo", "rt_tgsigqueueinfo", "rt_sigsuspend", "sigaltstack", "pause", "alarm",
-    "getitimer", "setitimer", "timer_create", "timer_settime", "timer_gettime",
-    "timer_getoverrun", "timer_delete",
+    "rt_sigaction",
+    "rt_sigprocmask",
+    "rt_sigreturn",
+    "rt_sigpending",
+    "rt_sigtimedwait",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "rt_sigsuspend",
+    "sigaltstack",
+    "pause",
+    "alarm",
+    "getitimer",
+    "setitimer",
+    "timer_create",
+    "timer_settime",
+    "timer_gettime",
+    "timer_getoverrun",
+    "timer_delete",
     // Time and randomness.
-    "clock_gettime", "clock_getres", "clock_nanosleep", "nanosleep", "gettimeofday", "time",
+    "clock_gettime",
+    "clock_getres",
+    "clock_nanosleep",
+    "nanosleep",
+    "gettimeofday",
+    "time",
     "getrandom",
     // System V and POSIX IPC (the IPC namespace is the sandbox's own).
-    "shmget", "shmat", "shmctl", "shmdt", "semget", "semop", "semctl", "semtimedop", "msgget",
-    "msgsnd", "msgrcv", "msgctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
-    "mq_notify", "mq_getsetattr",
+    "shmget",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "semget",
+    "semop",
+    "semctl",
+    "semtimedop",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
     // Sockets (families are narrowed by the deny filter).
-    "socket", "socketpair", "connect", "accept", "accept4", "bind", "listen", "getsockname",
-    "getpeername", "sendto", "recvfrom", "sendmsg", "recvmsg", "sendmmsg", "recvmmsg",
-    "shutdown", "setsockopt", "getsockopt",
+    "socket",
+    "socketpair",
+    "connect",
+    "accept",
+    "accept4",
+    "bind",
+    "listen",
+    "getsockname",
+    "getpeername",
+    "sendto",
+    "recvfrom",
+    "sendmsg",
+    "recvmsg",
+    "sendmmsg",
+    "recvmmsg",
+    "shutdown",
+    "setsockopt",
+    "getsockopt",
     // Legacy asynchronous I/O.
-    "io_setup", "io_destroy", "io_getevents", "io_submit", "io_cancel",
+    "io_setup",
+    "io_destroy",
+    "io_getevents",
+    "io_submit",
+    "io_cancel",
 ];
 
 /// Syscalls that always get `EPERM`: each defeats a layer of the sandbox or widens the
 /// kernel's attack surface (escape battery SY-02..SY-18).
 pub const DENIED_EPERM: &[&str] = &[
-    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp",
-    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "mount",
-    "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick", "open_tree",
-    "move_mount", "mount_setattr", "unshare", "setns", "kexec_load", "kexec_file_load",
-    "init_module", "finit_module", "delete_module", "open_by_handle_at", "name_to_handle_at",
-    "reboot", "swapon", "swapoff", "clock_settime", "settimeofday", "adjtimex", "clock_adjtime",
-    "acct", "quotactl", "quotactl_fd", "syslog", "vhangup", "iopl", "ioperm", "sethostname",
-    "setdomainname", "lookup_dcookie", "fanotify_init", "modify_ldt", "mbind", "set_mempolicy",
-    "set_mempolicy_home_node", "migrate_pages", "move_pages", "get_mempolicy", "memfd_secret",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "process_madvise",
+    "pidfd_getfd",
+    "kcmp",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "open_tree",
+    "move_mount",
+    "mount_setattr",
+    "unshare",
+    "setns",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "clock_settime",
+    "settimeofday",
+    "adjtimex",
+    "clock_adjtime",
+    "acct",
+    "quotactl",
+    "quotactl_fd",
+    "syslog",
+    "vhangup",
+    "iopl",
+    "ioperm",
+    "sethostname",
+    "setdomainname",
+    "lookup_dcookie",
+    "fanotify_init",
+    "modify_ldt",
+    "mbind",
+    "set_mempolicy",
+    "set_mempolicy_home_node",
+    "migrate_pages",
+    "move_pages",
+    "get_mempolicy",
+    "memfd_secret",
     "process_mrelease",
 ];
 
@@ -205,9 +488,7 @@ fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, SeccompError> 
 }
 
 /// Rules under which a syscall that is otherwise allowed gets `EPERM`.
-fn deny_rules(
-    families: SocketFamilies,
-) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
+fn deny_rules(families: SocketFamilies) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     let mut rules = BTreeMap::new();
 
     let clone_rules = CLONE_NAMESPACE_FLAGS
@@ -320,19 +601,54 @@ pub fn compile_seccomp_program(
 
     let mut program = vec![
         // seccomp_data.arch is at offset 4, .nr at offset 0.
-        BpfInstruction { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 4 },
-        BpfInstruction { code: BPF_JMP_JEQ_K, jt: 1, jf: 0, k: AUDIT_ARCH_X86_64 },
-        BpfInstruction { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_KILL_PROCESS },
-        BpfInstruction { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 0 },
-        BpfInstruction { code: BPF_JMP_JGE_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
-        BpfInstruction { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_KILL_PROCESS },
+        BpfInstruction {
+            code: BPF_LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 4,
+        },
+        BpfInstruction {
+            code: BPF_JMP_JEQ_K,
+            jt: 1,
+            jf: 0,
+            k: AUDIT_ARCH_X86_64,
+        },
+        BpfInstruction {
+            code: BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_KILL_PROCESS,
+        },
+        BpfInstruction {
+            code: BPF_LD_W_ABS,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        BpfInstruction {
+            code: BPF_JMP_JGE_K,
+            jt: 0,
+            jf: 1,
+            k: X32_SYSCALL_BIT,
+        },
+        BpfInstruction {
+            code: BPF_RET_K,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_KILL_PROCESS,
+        },
     ];
     let deny_len = deny_program.len();
     for (index, instruction) in deny_program.into_iter().enumerate() {
         if instruction.code == BPF_RET_K && instruction.k == SECCOMP_RET_ALLOW {
             // Fall through to the allowlist, which starts right after the deny filter.
             let offset = (deny_len - index - 1) as u32;
-            program.push(BpfInstruction { code: BPF_JMP_JA, jt: 0, jf: 0, k: offset });
+            program.push(BpfInstruction {
+                code: BPF_JMP_JA,
+                jt: 0,
+                jf: 0,
+                k: offset,
+            });
         } else {
             program.push(instruction);
         }
@@ -390,7 +706,11 @@ pub mod interpret {
                     let index = ((offset - 16) / 8) as usize;
                     let high = (offset - 16) % 8 == 4;
                     let value = args[index];
-                    Some(if high { (value >> 32) as u32 } else { value as u32 })
+                    Some(if high {
+                        (value >> 32) as u32
+                    } else {
+                        value as u32
+                    })
                 }
                 _ => None,
             }
@@ -465,12 +785,26 @@ mod tests {
     #[test]
     fn ordinary_syscalls_are_allowed() {
         let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
-        for name in ["read", "write", "openat", "execve", "exit_group", "mmap", "futex"] {
+        for name in [
+            "read",
+            "write",
+            "openat",
+            "execve",
+            "exit_group",
+            "mmap",
+            "futex",
+        ] {
             assert_eq!(verdict(&p, name, [0; 6]), Verdict::Allow, "{name}");
         }
         // fork-style clone and thread clone stay allowed.
-        assert_eq!(verdict(&p, "clone", [0x11 /* SIGCHLD */, 0, 0, 0, 0, 0]), Verdict::Allow);
-        assert_eq!(verdict(&p, "clone", [0x003d_0f00, 0, 0, 0, 0, 0]), Verdict::Allow);
+        assert_eq!(
+            verdict(&p, "clone", [0x11 /* SIGCHLD */, 0, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
+        assert_eq!(
+            verdict(&p, "clone", [0x003d_0f00, 0, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
     }
 
     #[test]
@@ -484,7 +818,12 @@ mod tests {
     #[test]
     fn clone3_io_uring_and_unknown_numbers_get_enosys() {
         let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
-        for name in ["clone3", "io_uring_setup", "io_uring_enter", "io_uring_register"] {
+        for name in [
+            "clone3",
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+        ] {
             assert_eq!(verdict(&p, name, [0; 6]), ENOSYS, "{name}");
         }
         assert_eq!(evaluate(&p, AUDIT_ARCH_X86_64, 1000, [0; 6]), ENOSYS);
@@ -494,16 +833,26 @@ mod tests {
     fn wrong_architecture_and_x32_numbers_kill_the_process() {
         let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
         const AUDIT_ARCH_I386: u32 = 0x4000_0003;
-        assert_eq!(evaluate(&p, AUDIT_ARCH_I386, 20, [0; 6]), Verdict::KillProcess);
+        assert_eq!(
+            evaluate(&p, AUDIT_ARCH_I386, 20, [0; 6]),
+            Verdict::KillProcess
+        );
         let x32_getpid = X32_SYSCALL_BIT | 39;
-        assert_eq!(evaluate(&p, AUDIT_ARCH_X86_64, x32_getpid, [0; 6]), Verdict::KillProcess);
+        assert_eq!(
+            evaluate(&p, AUDIT_ARCH_X86_64, x32_getpid, [0; 6]),
+            Verdict::KillProcess
+        );
     }
 
     #[test]
     fn clone_with_any_namespace_flag_gets_eperm() {
         let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
         for flag in CLONE_NAMESPACE_FLAGS {
-            assert_eq!(verdict(&p, "clone", [flag | 0x11, 0, 0, 0, 0, 0]), EPERM, "{flag:#x}");
+            assert_eq!(
+                verdict(&p, "clone", [flag | 0x11, 0, 0, 0, 0, 0]),
+                EPERM,
+                "{flag:#x}"
+            );
         }
     }
 
@@ -512,8 +861,14 @@ mod tests {
         let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
         assert_eq!(verdict(&p, "ioctl", [0, TIOCSTI, 0, 0, 0, 0]), EPERM);
         assert_eq!(verdict(&p, "ioctl", [0, TIOCLINUX, 0, 0, 0, 0]), EPERM);
-        assert_eq!(verdict(&p, "ioctl", [0, (0x123 << 32) | TIOCSTI, 0, 0, 0, 0]), EPERM);
-        assert_eq!(verdict(&p, "ioctl", [0, 0x5401 /* TCGETS */, 0, 0, 0, 0]), Verdict::Allow);
+        assert_eq!(
+            verdict(&p, "ioctl", [0, (0x123 << 32) | TIOCSTI, 0, 0, 0, 0]),
+            EPERM
+        );
+        assert_eq!(
+            verdict(&p, "ioctl", [0, 0x5401 /* TCGETS */, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
     }
 
     #[test]
@@ -522,28 +877,76 @@ mod tests {
         let inet = compile_seccomp_program(&default_policy(SocketFamilies::UnixAndInet)).unwrap();
         let stream = 1;
         let af = |f: i32| f as u64;
-        assert_eq!(verdict(&none, "socket", [af(libc::AF_UNIX), stream, 0, 0, 0, 0]), Verdict::Allow);
-        assert_eq!(verdict(&none, "socket", [af(libc::AF_INET), stream, 0, 0, 0, 0]), EPERM);
-        assert_eq!(verdict(&inet, "socket", [af(libc::AF_INET), stream, 0, 0, 0, 0]), Verdict::Allow);
-        assert_eq!(verdict(&inet, "socket", [af(libc::AF_INET6), stream, 0, 0, 0, 0]), Verdict::Allow);
-        for family in [libc::AF_PACKET, libc::AF_NETLINK, libc::AF_VSOCK, libc::AF_ALG] {
-            assert_eq!(verdict(&inet, "socket", [af(family), stream, 0, 0, 0, 0]), EPERM);
-            assert_eq!(verdict(&none, "socketpair", [af(family), stream, 0, 0, 0, 0]), EPERM);
+        assert_eq!(
+            verdict(&none, "socket", [af(libc::AF_UNIX), stream, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
+        assert_eq!(
+            verdict(&none, "socket", [af(libc::AF_INET), stream, 0, 0, 0, 0]),
+            EPERM
+        );
+        assert_eq!(
+            verdict(&inet, "socket", [af(libc::AF_INET), stream, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
+        assert_eq!(
+            verdict(&inet, "socket", [af(libc::AF_INET6), stream, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
+        for family in [
+            libc::AF_PACKET,
+            libc::AF_NETLINK,
+            libc::AF_VSOCK,
+            libc::AF_ALG,
+        ] {
+            assert_eq!(
+                verdict(&inet, "socket", [af(family), stream, 0, 0, 0, 0]),
+                EPERM
+            );
+            assert_eq!(
+                verdict(&none, "socketpair", [af(family), stream, 0, 0, 0, 0]),
+                EPERM
+            );
         }
         // The family is an int: high bits must not smuggle AF_PACKET past the filter.
         let smuggled = (1u64 << 32) | af(libc::AF_PACKET);
-        assert_eq!(verdict(&inet, "socket", [smuggled, stream, 0, 0, 0, 0]), EPERM);
-        assert_eq!(verdict(&inet, "socket", [af(libc::AF_INET), SOCK_RAW, 0, 0, 0, 0]), EPERM);
+        assert_eq!(
+            verdict(&inet, "socket", [smuggled, stream, 0, 0, 0, 0]),
+            EPERM
+        );
+        assert_eq!(
+            verdict(&inet, "socket", [af(libc::AF_INET), SOCK_RAW, 0, 0, 0, 0]),
+            EPERM
+        );
     }
 
     #[test]
     fn device_nodes_and_personality_changes_get_eperm() {
         let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
-        assert_eq!(verdict(&p, "mknod", [0, S_IFCHR | 0o600, 0, 0, 0, 0]), EPERM);
-        assert_eq!(verdict(&p, "mknodat", [0, 0, S_IFBLK | 0o600, 0, 0, 0]), EPERM);
-        assert_eq!(verdict(&p, "mknodat", [0, 0, 0o010000 /* FIFO */ | 0o600, 0, 0, 0]), Verdict::Allow);
-        assert_eq!(verdict(&p, "personality", [0xffff_ffff, 0, 0, 0, 0, 0]), Verdict::Allow);
-        assert_eq!(verdict(&p, "personality", [0x0040_0000 /* READ_IMPLIES_EXEC */, 0, 0, 0, 0, 0]), EPERM);
+        assert_eq!(
+            verdict(&p, "mknod", [0, S_IFCHR | 0o600, 0, 0, 0, 0]),
+            EPERM
+        );
+        assert_eq!(
+            verdict(&p, "mknodat", [0, 0, S_IFBLK | 0o600, 0, 0, 0]),
+            EPERM
+        );
+        assert_eq!(
+            verdict(&p, "mknodat", [0, 0, 0o010000 /* FIFO */ | 0o600, 0, 0, 0]),
+            Verdict::Allow
+        );
+        assert_eq!(
+            verdict(&p, "personality", [0xffff_ffff, 0, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
+        assert_eq!(
+            verdict(
+                &p,
+                "personality",
+                [0x0040_0000 /* READ_IMPLIES_EXEC */, 0, 0, 0, 0, 0]
+            ),
+            EPERM
+        );
     }
 
     #[test]

@@ -365,7 +365,10 @@ pub fn syscall_number(name: &str) -> Option<i64> {
 
 /// The name of a syscall by number.
 pub fn syscall_name(number: i64) -> Option<&'static str> {
-    SYSCALLS.iter().find(|(_, nr)| *nr == number).map(|(n, _)| *n)
+    SYSCALLS
+        .iter()
+        .find(|(_, nr)| *nr == number)
+        .map(|(n, _)| *n)
 }
 
 #[cfg(test)]

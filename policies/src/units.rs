@@ -163,9 +163,18 @@ mod tests {
             parse_size("256mb"),
             Err(UnitError::UnknownUnit { .. })
         ));
-        assert!(matches!(parse_size("lots"), Err(UnitError::NoNumber { .. })));
-        assert!(matches!(parse_size("-1MiB"), Err(UnitError::NoNumber { .. })));
-        assert!(matches!(parse_size("1.2.3B"), Err(UnitError::NoNumber { .. })));
+        assert!(matches!(
+            parse_size("lots"),
+            Err(UnitError::NoNumber { .. })
+        ));
+        assert!(matches!(
+            parse_size("-1MiB"),
+            Err(UnitError::NoNumber { .. })
+        ));
+        assert!(matches!(
+            parse_size("1.2.3B"),
+            Err(UnitError::NoNumber { .. })
+        ));
         assert_eq!(parse_size("99999999TiB"), Err(UnitError::Overflow));
     }
 

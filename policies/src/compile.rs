@@ -1,0 +1,305 @@
+//! Step 3 of 3: turns a [`ValidatedPolicy`] into pure data ready for workers — one
+//! [`SandboxSpec`] per profile (mount plan, Landlock rules, seccomp program, limits, env)
+//! and, per tool, compiled schemas and the argv template. Done once per policy load, never
+//! per call.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use airlock_protocol::{LandlockSpec, MountOp, NetworkMode, Rlimits, SandboxSpec, SeccompSpec};
+use serde_json::Value;
+
+use crate::schema::{CompiledSchema, SchemaError, compile_schema};
+use crate::seccomp::{SeccompError, compile_seccomp_program, digest_program};
+use crate::validate::{
+    ArgTemplate, Limits, Network, Profile, Requirements, StdinSource, Tool, ValidatedPolicy,
+};
+
+/// Why a validated policy could not be compiled (a bug or an unsupported platform: every
+/// user mistake is caught by validation).
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The seccomp program could not be built.
+    #[error("profile {profile}: cannot build its seccomp program")]
+    Seccomp {
+        /// Profile name.
+        profile: String,
+        /// Cause.
+        #[source]
+        source: SeccompError,
+    },
+    /// A schema that validated did not compile.
+    #[error("tool {tool}: cannot compile its schema")]
+    Schema {
+        /// Tool name.
+        tool: String,
+        /// Cause.
+        #[source]
+        source: SchemaError,
+    },
+}
+
+/// Why a validated input could not be turned into an argv.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgvError {
+    /// A field used in the command is missing from the input.
+    #[error("input field {0:?} used in the command is missing")]
+    MissingField(String),
+    /// A field used in the command is not a scalar.
+    #[error("input field {0:?} used in the command is not a string, number or boolean")]
+    NotScalar(String),
+    /// A substituted string holds a NUL byte, which no argv can carry.
+    #[error("input field {0:?} contains a NUL byte")]
+    Nul(String),
+}
+
+/// A compiled profile: the spec every worker of this profile receives, and what the
+/// supervisor enforces itself.
+#[derive(Debug, Clone)]
+pub struct CompiledProfile {
+    /// Name.
+    pub name: String,
+    /// What the worker builds.
+    pub spec: SandboxSpec,
+    /// Limits the supervisor enforces (cgroup, deadline, output).
+    pub limits: Limits,
+    /// How hard each layer is required.
+    pub require: Requirements,
+}
+
+/// A compiled tool.
+#[derive(Debug, Clone)]
+pub struct CompiledTool {
+    /// The validated definition.
+    pub tool: Tool,
+    /// Input schema.
+    pub input: CompiledSchema,
+    /// Output schema.
+    pub output: Option<CompiledSchema>,
+}
+
+/// A policy ready to serve calls.
+#[derive(Debug, Clone)]
+pub struct CompiledPolicy {
+    /// SHA-256 of the policy text, the `policy_version` of approvals and results.
+    pub version: String,
+    /// Profiles by name.
+    pub profiles: BTreeMap<String, Arc<CompiledProfile>>,
+    /// Tools by name.
+    pub tools: BTreeMap<String, CompiledTool>,
+}
+
+/// Mount targets ordered parents first, so a nested bind lands on top of its parent.
+fn depth(path: &str) -> usize {
+    path.split('/').filter(|c| !c.is_empty()).count()
+}
+
+/// The mount plan of a profile, applied by the worker on a fresh tmpfs root.
+pub fn plan_mounts(profile: &Profile) -> Vec<MountOp> {
+    let mut targets: Vec<(usize, MountOp)> = Vec::new();
+    for grant in &profile.read {
+        targets.push((
+            depth(&grant.path),
+            MountOp::Bind {
+                source: grant.path.clone(),
+                target: grant.path.clone(),
+                writable: false,
+                optional: grant.optional,
+            },
+        ));
+    }
+    for grant in &profile.write {
+        targets.push((
+            depth(&grant.path),
+            MountOp::Bind {
+                source: grant.path.clone(),
+                target: grant.path.clone(),
+                writable: true,
+                optional: grant.optional,
+            },
+        ));
+    }
+    for (path, size) in &profile.tmpfs {
+        let mode = if path == "/tmp" || path == "/var/tmp" {
+            0o1777
+        } else {
+            0o755
+        };
+        targets.push((
+            depth(path),
+            MountOp::Tmpfs {
+                target: path.clone(),
+                size_bytes: *size,
+                mode,
+            },
+        ));
+    }
+    targets.sort_by_key(|(d, _)| *d);
+    let mut plan: Vec<MountOp> = targets.into_iter().map(|(_, op)| op).collect();
+    plan.push(MountOp::Proc {
+        target: "/proc".to_string(),
+    });
+    plan.push(MountOp::Dev {
+        target: "/dev".to_string(),
+    });
+    plan
+}
+
+/// Landlock rules of a profile, as paths inside the sandbox.
+pub fn plan_landlock(profile: &Profile) -> LandlockSpec {
+    let mut read: Vec<String> = profile.read.iter().map(|g| g.path.clone()).collect();
+    read.push("/proc".to_string());
+    let mut write: Vec<String> = profile.write.iter().map(|g| g.path.clone()).collect();
+    write.extend(profile.tmpfs.iter().map(|(p, _)| p.clone()));
+    // /dev holds only null, zero, full, random and urandom; tools write to /dev/null.
+    write.push("/dev".to_string());
+    let (tcp_connect, tcp_bind, restrict_tcp) = match &profile.network {
+        // No interface but the namespace's own: nothing for Landlock to narrow.
+        Network::None | Network::Loopback => (Vec::new(), Vec::new(), false),
+        Network::Tcp { connect, bind } => (connect.clone(), bind.clone(), true),
+    };
+    LandlockSpec {
+        requirement: profile.require.landlock,
+        read,
+        write,
+        tcp_bind,
+        tcp_connect,
+        restrict_tcp,
+    }
+}
+
+/// Compiles one profile.
+pub fn compile_profile(profile: &Profile) -> Result<CompiledProfile, CompileError> {
+    let program =
+        compile_seccomp_program(&profile.syscalls).map_err(|source| CompileError::Seccomp {
+            profile: profile.name.clone(),
+            source,
+        })?;
+    let digest = digest_program(&program);
+    let spec = SandboxSpec {
+        profile: profile.name.clone(),
+        hostname: profile.hostname.clone(),
+        mounts: plan_mounts(profile),
+        network: match profile.network {
+            Network::None => NetworkMode::None,
+            Network::Loopback => NetworkMode::Loopback,
+            Network::Tcp { .. } => NetworkMode::Host,
+        },
+        rlimits: Rlimits {
+            open_files: profile.limits.open_files,
+            file_size_bytes: profile.limits.file_size_bytes,
+            cpu_seconds: profile.limits.cpu.map(|d| d.as_secs()),
+        },
+        landlock: plan_landlock(profile),
+        seccomp: SeccompSpec {
+            requirement: profile.require.seccomp,
+            program,
+            digest,
+        },
+        env: profile.env.clone(),
+        cwd: profile.cwd.clone(),
+    };
+    Ok(CompiledProfile {
+        name: profile.name.clone(),
+        spec,
+        limits: profile.limits,
+        require: profile.require,
+    })
+}
+
+/// Compiles a validated policy; `source_text` gives the policy version digest.
+pub fn compile_policy(
+    policy: &ValidatedPolicy,
+    source_text: &str,
+) -> Result<CompiledPolicy, CompileError> {
+    let profiles = policy
+        .profiles
+        .iter()
+        .map(|(name, p)| Ok((name.clone(), Arc::new(compile_profile(p)?))))
+        .collect::<Result<_, CompileError>>()?;
+    let tools = policy
+        .tools
+        .iter()
+        .map(|(name, tool)| {
+            let schema_error = |source| CompileError::Schema {
+                tool: name.clone(),
+                source,
+            };
+            let input =
+                compile_schema(&tool.input_schema, policy.strict_objects).map_err(schema_error)?;
+            let output = tool
+                .output_schema
+                .as_ref()
+                .map(|s| compile_schema(s, policy.strict_objects))
+                .transpose()
+                .map_err(|source| CompileError::Schema {
+                    tool: name.clone(),
+                    source,
+                })?;
+            Ok((
+                name.clone(),
+                CompiledTool {
+                    tool: tool.clone(),
+                    input,
+                    output,
+                },
+            ))
+        })
+        .collect::<Result<_, CompileError>>()?;
+    Ok(CompiledPolicy {
+        version: sha256_hex(source_text.as_bytes()),
+        profiles,
+        tools,
+    })
+}
+
+/// Hex SHA-256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A scalar input value as one argument: strings as their text, others as JSON.
+fn scalar_text(field: &str, value: Option<&Value>) -> Result<String, ArgvError> {
+    let text = match value {
+        None => return Err(ArgvError::MissingField(field.to_string())),
+        Some(Value::String(s)) => s.clone(),
+        Some(v @ (Value::Number(_) | Value::Bool(_))) => v.to_string(),
+        Some(_) => return Err(ArgvError::NotScalar(field.to_string())),
+    };
+    if text.contains('\0') {
+        return Err(ArgvError::Nul(field.to_string()));
+    }
+    Ok(text)
+}
+
+impl CompiledTool {
+    /// The argv for a validated input: each `{field}` becomes exactly one argument, so no
+    /// input can add, split or reorder arguments, and no shell ever sees it.
+    pub fn render_argv(&self, input: &Value) -> Result<Vec<String>, ArgvError> {
+        self.tool
+            .command
+            .iter()
+            .map(|element| match element {
+                ArgTemplate::Literal(text) => Ok(text.clone()),
+                ArgTemplate::Field(field) => scalar_text(field, input.get(field)),
+            })
+            .collect()
+    }
+
+    /// The bytes written to the tool's stdin.
+    pub fn render_stdin(&self, input: &Value) -> Vec<u8> {
+        match &self.tool.stdin {
+            StdinSource::Empty => Vec::new(),
+            StdinSource::WholeInput => input.to_string().into_bytes(),
+            StdinSource::Field(field) => match input.get(field) {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::String(s)) => s.clone().into_bytes(),
+                Some(other) => other.to_string().into_bytes(),
+            },
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! The presets shipped in `policies/presets/*.toml`, embedded in the binary.
+
+/// (name, TOML text) of every preset.
+pub const PRESETS: &[(&str, &str)] = &[
+    ("default", include_str!("../presets/default.toml")),
+    ("examples", include_str!("../presets/examples.toml")),
+];
+
+/// The TOML text of a preset by name.
+pub fn preset_text(name: &str) -> Option<&'static str> {
+    PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, text)| *text)
+}
+
+/// The policy `airlock exec` and `airlock run` use when no file is given.
+pub const DEFAULT_PRESET: &str = "default";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load_policy_str;
+
+    #[test]
+    fn every_preset_passes_check_without_errors() {
+        for (name, text) in PRESETS {
+            let loaded = load_policy_str(text, &format!("presets/{name}.toml"))
+                .unwrap_or_else(|e| panic!("preset {name}: {e:?}"));
+            assert!(
+                loaded.policy.profiles.contains_key("default"),
+                "{name} lacks a default profile"
+            );
+        }
+    }
+
+    #[test]
+    fn default_preset_has_the_documented_default_profile() {
+        let loaded = load_policy_str(preset_text(DEFAULT_PRESET).unwrap(), "default.toml").unwrap();
+        assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+        let p = &loaded.policy.profiles["default"];
+        assert_eq!(p.limits.memory_bytes, 256 << 20);
+        assert_eq!(p.limits.pids, 64);
+        assert_eq!(p.limits.timeout, std::time::Duration::from_secs(30));
+        assert_eq!(p.spec.network, airlock_protocol::NetworkMode::None);
+        assert!(p.spec.mounts.iter().any(
+            |m| matches!(m, airlock_protocol::MountOp::Tmpfs { target, .. } if target == "/tmp")
+        ));
+        assert!(
+            p.spec
+                .mounts
+                .iter()
+                .all(|m| !matches!(m, airlock_protocol::MountOp::Bind { writable: true, .. }))
+        );
+    }
+}

@@ -1,0 +1,964 @@
+//! Step 2 of 3: checks a parsed [`PolicyFile`] and produces a [`ValidatedPolicy`] of plain,
+//! typed values — reporting every error at once, plus warnings for risky grants.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use airlock_protocol::Requirement;
+use regex::Regex;
+use serde_json::Value;
+use toml::Spanned;
+
+use crate::diagnostic::{Diagnostic, Severity, Source};
+use crate::model::{
+    LimitsFile, NetworkFile, PolicyFile, ProfileFile, RequireFile, SyscallsFile, ToolFile,
+};
+use crate::schema::compile_schema;
+use crate::seccomp::{DEFAULT_ALLOW, SocketFamilies, SyscallPolicy, is_never_allowed};
+use crate::syscalls::syscall_number;
+use crate::units::{parse_duration, parse_size};
+
+/// Defaults of every limit, documented in the README's policy guide.
+pub mod defaults {
+    use std::time::Duration;
+
+    /// cgroup memory limit.
+    pub const MEMORY_BYTES: u64 = 256 << 20;
+    /// cgroup pids limit.
+    pub const PIDS: u64 = 64;
+    /// Wall-clock deadline.
+    pub const TIMEOUT: Duration = Duration::from_secs(30);
+    /// Bytes kept of each output stream.
+    pub const OUTPUT_BYTES: u64 = 64 << 10;
+    /// RLIMIT_NOFILE.
+    pub const OPEN_FILES: u64 = 256;
+    /// RLIMIT_FSIZE.
+    pub const FILE_SIZE_BYTES: u64 = 64 << 20;
+    /// Hostname inside the sandbox.
+    pub const HOSTNAME: &str = "airlock";
+    /// The profile a tool uses when it names none.
+    pub const PROFILE: &str = "default";
+    /// PATH when a profile sets no environment.
+    pub const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+}
+
+/// Sane bounds; values outside them are errors, not clamps.
+mod bounds {
+    use std::time::Duration;
+    pub const MEMORY_BYTES: (u64, u64) = (8 << 20, 64 << 30);
+    pub const PIDS: (i64, i64) = (1, 65_536);
+    pub const TIMEOUT_MAX: Duration = Duration::from_secs(24 * 3600);
+    pub const OUTPUT_BYTES: (u64, u64) = (1, 64 << 20);
+    pub const OPEN_FILES: (i64, i64) = (8, 65_536);
+    pub const FILE_SIZE_BYTES: (u64, u64) = (1, 1 << 40);
+    pub const TMPFS_BYTES: (u64, u64) = (4 << 10, 64 << 30);
+    pub const RETRIES: (i64, i64) = (0, 10);
+}
+
+static TOOL_NAME: LazyLock<Result<Regex, regex::Error>> =
+    LazyLock::new(|| Regex::new(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$"));
+
+/// A validated policy: plain values, every reference resolved.
+#[derive(Debug, Clone)]
+pub struct ValidatedPolicy {
+    /// Close plain object schemas.
+    pub strict_objects: bool,
+    /// Profiles by name.
+    pub profiles: BTreeMap<String, Profile>,
+    /// Tools by name.
+    pub tools: BTreeMap<String, Tool>,
+}
+
+/// A host path bound into the sandbox at the same place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathGrant {
+    /// Absolute, normalised path.
+    pub path: String,
+    /// Skip instead of failing when the host path is missing.
+    pub optional: bool,
+}
+
+/// What network a profile gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Network {
+    /// A fresh empty network namespace.
+    None,
+    /// A fresh network namespace with loopback up.
+    Loopback,
+    /// The host network, TCP narrowed to these ports by Landlock.
+    Tcp {
+        /// Ports the sandbox may connect to.
+        connect: Vec<u16>,
+        /// Ports the sandbox may bind.
+        bind: Vec<u16>,
+    },
+}
+
+/// Resource limits of a profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// cgroup memory limit, bytes.
+    pub memory_bytes: u64,
+    /// cgroup pids limit.
+    pub pids: u64,
+    /// Wall-clock deadline.
+    pub timeout: Duration,
+    /// CPU time limit.
+    pub cpu: Option<Duration>,
+    /// Bytes kept of each output stream.
+    pub output_bytes: u64,
+    /// RLIMIT_NOFILE.
+    pub open_files: u64,
+    /// RLIMIT_FSIZE, bytes.
+    pub file_size_bytes: u64,
+}
+
+/// How hard each layer is required.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Requirements {
+    /// Landlock.
+    pub landlock: Requirement,
+    /// seccomp.
+    pub seccomp: Requirement,
+    /// cgroup limits.
+    pub cgroup: Requirement,
+}
+
+/// A validated sandbox profile.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// Name.
+    pub name: String,
+    /// Read-only binds.
+    pub read: Vec<PathGrant>,
+    /// Read-write binds.
+    pub write: Vec<PathGrant>,
+    /// tmpfs mounts: (path, size in bytes).
+    pub tmpfs: Vec<(String, u64)>,
+    /// Network.
+    pub network: Network,
+    /// seccomp policy.
+    pub syscalls: SyscallPolicy,
+    /// Limits.
+    pub limits: Limits,
+    /// The whole environment of tools.
+    pub env: Vec<(String, String)>,
+    /// Layer requirements.
+    pub require: Requirements,
+    /// Hostname.
+    pub hostname: String,
+    /// Working directory of tools.
+    pub cwd: String,
+}
+
+/// One element of a tool's argv template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgTemplate {
+    /// Used as written.
+    Literal(String),
+    /// Replaced by the named input field, as one whole argument.
+    Field(String),
+}
+
+/// What a tool reads on stdin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StdinSource {
+    /// Nothing (stdin is empty).
+    Empty,
+    /// One input field (strings as their text, other values as JSON).
+    Field(String),
+    /// The whole validated input as JSON.
+    WholeInput,
+}
+
+/// What a tool does to the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SideEffect {
+    /// Only reads.
+    Read,
+    /// Changes state.
+    Write,
+    /// Changes state irreversibly.
+    Destructive,
+}
+
+/// Who approves a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Approval {
+    /// The policy decides alone.
+    Auto,
+    /// A human approves each call (two-phase).
+    Human,
+}
+
+/// A validated tool.
+#[derive(Debug, Clone)]
+pub struct Tool {
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// Profile name (exists).
+    pub profile: String,
+    /// argv template; the first element is an absolute literal path.
+    pub command: Vec<ArgTemplate>,
+    /// stdin source.
+    pub stdin: StdinSource,
+    /// Side effect.
+    pub side_effect: SideEffect,
+    /// Category.
+    pub category: Option<String>,
+    /// Approval mode.
+    pub approval: Approval,
+    /// Extra attempts after eligible failures.
+    pub retries: u32,
+    /// Deadline of one attempt (the tool's own, or its profile's).
+    pub timeout: Duration,
+    /// Input JSON Schema.
+    pub input_schema: Value,
+    /// Output JSON Schema.
+    pub output_schema: Option<Value>,
+}
+
+/// Collects diagnostics while validating.
+struct Checker<'a> {
+    source: Source<'a>,
+    diagnostics: Vec<Diagnostic>,
+}
+
+impl Checker<'_> {
+    fn error(&mut self, span: Range<usize>, message: impl Into<String>) {
+        self.diagnostics.push(self.source.error(span, message));
+    }
+
+    fn warning(&mut self, span: Range<usize>, message: impl Into<String>) {
+        self.diagnostics.push(self.source.warning(span, message));
+    }
+
+    /// A path inside the sandbox or on the host: absolute, normalised, no `..`.
+    fn path(&mut self, path: &Spanned<String>, what: &str) -> Option<String> {
+        let text = path.get_ref();
+        let problem = if !text.starts_with('/') {
+            Some("must be absolute")
+        } else if text.contains('\0') {
+            Some("must not contain NUL")
+        } else if text.split('/').any(|c| c == "..") {
+            Some("must not contain `..`")
+        } else if text.split('/').any(|c| c == ".") {
+            Some("must be normalised (no `.` components)")
+        } else if text.contains("//") || (text.len() > 1 && text.ends_with('/')) {
+            Some("must be normalised (no repeated or trailing `/`)")
+        } else {
+            None
+        };
+        match problem {
+            Some(problem) => {
+                self.error(path.span(), format!("{what} {text:?} {problem}"));
+                None
+            }
+            None => Some(text.clone()),
+        }
+    }
+
+    fn size(&mut self, value: &Spanned<String>, what: &str, range: (u64, u64)) -> Option<u64> {
+        match parse_size(value.get_ref()) {
+            Ok(bytes) if bytes < range.0 || bytes > range.1 => {
+                self.error(
+                    value.span(),
+                    format!(
+                        "{what} must be between {} and {}",
+                        crate::units::format_size(range.0),
+                        crate::units::format_size(range.1)
+                    ),
+                );
+                None
+            }
+            Ok(bytes) => Some(bytes),
+            Err(e) => {
+                self.error(value.span(), format!("{what}: {e}"));
+                None
+            }
+        }
+    }
+
+    fn duration(&mut self, value: &Spanned<String>, what: &str) -> Option<Duration> {
+        match parse_duration(value.get_ref()) {
+            Ok(d) if d > bounds::TIMEOUT_MAX => {
+                self.error(value.span(), format!("{what} must be at most 24h"));
+                None
+            }
+            Ok(d) => Some(d),
+            Err(e) => {
+                self.error(value.span(), format!("{what}: {e}"));
+                None
+            }
+        }
+    }
+
+    fn integer(&mut self, value: &Spanned<i64>, what: &str, range: (i64, i64)) -> Option<u64> {
+        let v = *value.get_ref();
+        if v < range.0 || v > range.1 {
+            self.error(
+                value.span(),
+                format!("{what} must be between {} and {}", range.0, range.1),
+            );
+            None
+        } else {
+            u64::try_from(v).ok()
+        }
+    }
+
+    fn requirement(&mut self, value: Option<&Spanned<String>>, layer: &str) -> Requirement {
+        let Some(value) = value else {
+            return Requirement::Required;
+        };
+        match value.get_ref().as_str() {
+            "required" => Requirement::Required,
+            "best_effort" => {
+                self.warning(
+                    value.span(),
+                    format!(
+                        "{layer} is best_effort: calls run even when the kernel cannot enforce it"
+                    ),
+                );
+                Requirement::BestEffort
+            }
+            other => {
+                self.error(
+                    value.span(),
+                    format!("{layer} must be \"required\" or \"best_effort\", not {other:?}"),
+                );
+                Requirement::Required
+            }
+        }
+    }
+}
+
+/// Paths airlock mounts itself; a profile may not bind over them.
+const RESERVED_MOUNTS: &[&str] = &["/proc", "/dev"];
+/// Paths whose writable grant is risky enough to warn about.
+const RISKY_WRITABLE: &[&str] = &[
+    "/", "/proc", "/sys", "/dev", "/etc", "/usr", "/boot", "/root",
+];
+
+fn check_profile(
+    c: &mut Checker<'_>,
+    name: &Spanned<String>,
+    file: &ProfileFile,
+) -> Option<Profile> {
+    let before = c
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
+    let profile_name = name.get_ref().clone();
+    if !TOOL_NAME
+        .as_ref()
+        .is_ok_and(|re| re.is_match(&profile_name))
+    {
+        c.error(
+            name.span(),
+            format!("profile name {profile_name:?} must match ^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$"),
+        );
+    }
+
+    let mut seen: BTreeMap<String, Range<usize>> = BTreeMap::new();
+    let mut grant = |c: &mut Checker<'_>, path: &Spanned<String>, what: &str| -> Option<String> {
+        let checked = c.path(path, what)?;
+        if RESERVED_MOUNTS
+            .iter()
+            .any(|r| checked == *r || checked.starts_with(&format!("{r}/")))
+        {
+            c.error(
+                path.span(),
+                format!(
+                    "{what} {checked:?} is mounted by airlock itself (fresh /proc, minimal /dev)"
+                ),
+            );
+            return None;
+        }
+        if seen.insert(checked.clone(), path.span()).is_some() {
+            c.error(
+                path.span(),
+                format!("path {checked:?} is listed more than once"),
+            );
+            return None;
+        }
+        Some(checked)
+    };
+
+    let mut read = Vec::new();
+    for path in &file.read {
+        if let Some(p) = grant(c, path, "read path") {
+            if p == "/sys" || p.starts_with("/sys/") {
+                c.warning(
+                    path.span(),
+                    format!("read path {p:?} exposes host kernel state"),
+                );
+            }
+            read.push(PathGrant {
+                path: p,
+                optional: false,
+            });
+        }
+    }
+    for path in &file.read_optional {
+        if let Some(p) = grant(c, path, "read_optional path") {
+            read.push(PathGrant {
+                path: p,
+                optional: true,
+            });
+        }
+    }
+    let mut write = Vec::new();
+    for path in &file.write {
+        if let Some(p) = grant(c, path, "write path") {
+            if RISKY_WRITABLE.contains(&p.as_str()) || p.starts_with("/sys/") {
+                c.warning(
+                    path.span(),
+                    format!("write path {p:?} lets tools change the host system"),
+                );
+            }
+            write.push(PathGrant {
+                path: p,
+                optional: false,
+            });
+        }
+    }
+    let mut tmpfs = Vec::new();
+    for (path, size) in &file.tmpfs {
+        let checked = grant(c, path, "tmpfs path");
+        let bytes = c.size(size, "tmpfs size", bounds::TMPFS_BYTES);
+        if let (Some(p), Some(b)) = (checked, bytes) {
+            tmpfs.push((p, b));
+        }
+    }
+
+    let network = match &file.network {
+        None => Network::None,
+        Some(spanned) => match spanned.get_ref() {
+            NetworkFile::Mode(mode) if mode == "none" => Network::None,
+            NetworkFile::Mode(mode) if mode == "loopback" => Network::Loopback,
+            NetworkFile::Mode(other) => {
+                c.error(
+                    spanned.span(),
+                    format!("network must be \"none\", \"loopback\" or a table {{ connect = [...], bind = [...] }}, not {other:?}"),
+                );
+                Network::None
+            }
+            NetworkFile::Rules(rules) => {
+                let ports = |entries: &[String], c: &mut Checker<'_>| -> Vec<u16> {
+                    let mut out = Vec::new();
+                    for entry in entries {
+                        match entry.strip_prefix("tcp:").map(str::parse::<u16>) {
+                            Some(Ok(port)) if port > 0 => out.push(port),
+                            _ => c.error(
+                                spanned.span(),
+                                format!("network rule {entry:?} must look like \"tcp:443\" (port 1-65535)"),
+                            ),
+                        }
+                    }
+                    out
+                };
+                let connect = ports(&rules.connect, c);
+                let bind = ports(&rules.bind, c);
+                if rules.connect.is_empty() && rules.bind.is_empty() {
+                    c.warning(
+                        spanned.span(),
+                        "network is enabled with no rules: the host network is shared and only TCP is filtered",
+                    );
+                }
+                Network::Tcp { connect, bind }
+            }
+        },
+    };
+
+    let default_syscalls = SyscallsFile::default();
+    let syscalls_file = file.syscalls.as_ref().unwrap_or(&default_syscalls);
+    let mut allow: BTreeSet<String> = BTreeSet::new();
+    match &syscalls_file.base {
+        Some(base) if base.get_ref() != "default" => {
+            c.error(
+                base.span(),
+                format!(
+                    "syscalls.base must be \"default\", not {:?}",
+                    base.get_ref()
+                ),
+            );
+        }
+        _ => allow.extend(DEFAULT_ALLOW.iter().map(|s| s.to_string())),
+    }
+    for name in &syscalls_file.allow {
+        let n = name.get_ref();
+        if syscall_number(n).is_none() {
+            c.error(name.span(), format!("unknown syscall {n:?}"));
+        } else if is_never_allowed(n) {
+            c.error(
+                name.span(),
+                format!("syscall {n:?} can never be allowed: it defeats the sandbox (see README, Seccomp)"),
+            );
+        } else {
+            allow.insert(n.clone());
+        }
+    }
+    let mut deny = BTreeSet::new();
+    for name in &syscalls_file.deny {
+        let n = name.get_ref();
+        if syscall_number(n).is_none() {
+            c.error(name.span(), format!("unknown syscall {n:?}"));
+        } else {
+            deny.insert(n.clone());
+        }
+    }
+    let families = match network {
+        Network::None => SocketFamilies::UnixOnly,
+        Network::Loopback | Network::Tcp { .. } => SocketFamilies::UnixAndInet,
+    };
+    let syscalls = SyscallPolicy {
+        allow,
+        deny,
+        families,
+    };
+
+    let default_limits = LimitsFile::default();
+    let l = file.limits.as_ref().unwrap_or(&default_limits);
+    let limits = Limits {
+        memory_bytes: l
+            .memory
+            .as_ref()
+            .and_then(|v| c.size(v, "limits.memory", bounds::MEMORY_BYTES))
+            .unwrap_or(defaults::MEMORY_BYTES),
+        pids: l
+            .pids
+            .as_ref()
+            .and_then(|v| c.integer(v, "limits.pids", bounds::PIDS))
+            .unwrap_or(defaults::PIDS),
+        timeout: l
+            .timeout
+            .as_ref()
+            .and_then(|v| c.duration(v, "limits.timeout"))
+            .unwrap_or(defaults::TIMEOUT),
+        cpu: l.cpu.as_ref().and_then(|v| {
+            let d = c.duration(v, "limits.cpu")?;
+            if d < Duration::from_secs(1) || d.subsec_nanos() != 0 {
+                c.error(
+                    v.span(),
+                    "limits.cpu is enforced with RLIMIT_CPU: use whole seconds",
+                );
+                return None;
+            }
+            Some(d)
+        }),
+        output_bytes: l
+            .output
+            .as_ref()
+            .and_then(|v| c.size(v, "limits.output", bounds::OUTPUT_BYTES))
+            .unwrap_or(defaults::OUTPUT_BYTES),
+        open_files: l
+            .open_files
+            .as_ref()
+            .and_then(|v| c.integer(v, "limits.open_files", bounds::OPEN_FILES))
+            .unwrap_or(defaults::OPEN_FILES),
+        file_size_bytes: l
+            .file_size
+            .as_ref()
+            .and_then(|v| c.size(v, "limits.file_size", bounds::FILE_SIZE_BYTES))
+            .unwrap_or(defaults::FILE_SIZE_BYTES),
+    };
+
+    let mut env = Vec::new();
+    if file.env.is_empty() {
+        env.push(("PATH".to_string(), defaults::PATH.to_string()));
+    }
+    for (key, value) in &file.env {
+        let k = key.get_ref();
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            c.error(
+                key.span(),
+                format!("environment name {k:?} must be non-empty, without `=` or NUL"),
+            );
+            continue;
+        }
+        if value.get_ref().contains('\0') {
+            c.error(
+                value.span(),
+                format!("environment value of {k} must not contain NUL"),
+            );
+            continue;
+        }
+        if k.starts_with("LD_") {
+            c.warning(
+                key.span(),
+                format!("{k} changes which code the dynamic linker loads"),
+            );
+        }
+        env.push((k.clone(), value.get_ref().clone()));
+    }
+
+    let default_require = RequireFile::default();
+    let r = file.require.as_ref().unwrap_or(&default_require);
+    let require = Requirements {
+        landlock: c.requirement(r.landlock.as_ref(), "landlock"),
+        seccomp: c.requirement(r.seccomp.as_ref(), "seccomp"),
+        cgroup: c.requirement(r.cgroup.as_ref(), "cgroup"),
+    };
+
+    let hostname = match &file.hostname {
+        None => defaults::HOSTNAME.to_string(),
+        Some(h) => {
+            let text = h.get_ref();
+            let ok = !text.is_empty()
+                && text.len() <= 64
+                && text
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '-' || ch == '.');
+            if !ok {
+                c.error(
+                    h.span(),
+                    "hostname must be 1-64 characters of letters, digits, `-` and `.`",
+                );
+            }
+            text.clone()
+        }
+    };
+
+    let cwd = match &file.cwd {
+        Some(cwd) => c.path(cwd, "cwd").unwrap_or_default(),
+        None if tmpfs.iter().any(|(p, _)| p == "/tmp") => "/tmp".to_string(),
+        None => "/".to_string(),
+    };
+
+    let after = c
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
+    (after == before).then_some(Profile {
+        name: profile_name,
+        read,
+        write,
+        tmpfs,
+        network,
+        syscalls,
+        limits,
+        env,
+        require,
+        hostname,
+        cwd,
+    })
+}
+
+/// Converts a TOML value to JSON; TOML datetimes have no JSON equivalent.
+fn toml_to_json(value: &toml::Value) -> Result<Value, &'static str> {
+    Ok(match value {
+        toml::Value::String(s) => Value::String(s.clone()),
+        toml::Value::Integer(i) => Value::from(*i),
+        toml::Value::Float(f) => serde_json::Number::from_f64(*f)
+            .map(Value::Number)
+            .ok_or("schemas cannot hold NaN or infinite numbers")?,
+        toml::Value::Boolean(b) => Value::Bool(*b),
+        toml::Value::Datetime(_) => return Err("schemas cannot hold TOML datetimes"),
+        toml::Value::Array(items) => {
+            Value::Array(items.iter().map(toml_to_json).collect::<Result<_, _>>()?)
+        }
+        toml::Value::Table(table) => Value::Object(
+            table
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), toml_to_json(v)?)))
+                .collect::<Result<_, &'static str>>()?,
+        ),
+    })
+}
+
+fn check_schema(
+    c: &mut Checker<'_>,
+    schema: &Spanned<toml::Value>,
+    what: &str,
+    strict_objects: bool,
+) -> Option<Value> {
+    let json = match toml_to_json(schema.get_ref()) {
+        Ok(json) => json,
+        Err(e) => {
+            c.error(schema.span(), format!("{what}: {e}"));
+            return None;
+        }
+    };
+    if let Err(e) = compile_schema(&json, strict_objects) {
+        c.error(schema.span(), format!("{what}: {e}"));
+        return None;
+    }
+    Some(json)
+}
+
+const SCALAR_TYPES: &[&str] = &["string", "integer", "number", "boolean"];
+
+fn check_tool(
+    c: &mut Checker<'_>,
+    name: &Spanned<String>,
+    file: &ToolFile,
+    profiles: &BTreeMap<String, Option<Profile>>,
+    strict_objects: bool,
+) -> Option<Tool> {
+    let before = c
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
+    let tool_name = name.get_ref().clone();
+    if tool_name.len() > 64 || !TOOL_NAME.as_ref().is_ok_and(|re| re.is_match(&tool_name)) {
+        c.error(
+            name.span(),
+            format!("tool name {tool_name:?} must match ^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$ (at most 64 characters)"),
+        );
+    }
+    if file.description.get_ref().trim().is_empty() {
+        c.error(
+            file.description.span(),
+            format!("tool {tool_name}: description must not be blank"),
+        );
+    }
+
+    let profile_name = file
+        .profile
+        .as_ref()
+        .map_or(defaults::PROFILE.to_string(), |p| p.get_ref().clone());
+    let profile = match profiles.get(&profile_name) {
+        Some(p) => p.as_ref(),
+        None => {
+            let span = file.profile.as_ref().map_or(name.span(), Spanned::span);
+            c.error(
+                span,
+                format!("tool {tool_name}: profile {profile_name:?} is not defined"),
+            );
+            None
+        }
+    };
+
+    let input_schema = check_schema(
+        c,
+        &file.input,
+        &format!("tool {tool_name}: input schema"),
+        strict_objects,
+    );
+    if let Some(schema) = &input_schema {
+        if schema.get("type").and_then(Value::as_str) != Some("object") {
+            c.error(
+                file.input.span(),
+                format!("tool {tool_name}: input schema must have type = \"object\""),
+            );
+        }
+    }
+    let output_schema = file.output.as_ref().and_then(|o| {
+        check_schema(
+            c,
+            o,
+            &format!("tool {tool_name}: output schema"),
+            strict_objects,
+        )
+    });
+
+    let properties = input_schema
+        .as_ref()
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_object);
+    let required: BTreeSet<&str> = input_schema
+        .as_ref()
+        .and_then(|s| s.get("required"))
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+
+    let mut command = Vec::new();
+    if file.command.get_ref().is_empty() {
+        c.error(
+            file.command.span(),
+            format!("tool {tool_name}: command must name an executable"),
+        );
+    }
+    for (index, element) in file.command.get_ref().iter().enumerate() {
+        let text = element.get_ref();
+        let field = text.strip_prefix('{').and_then(|t| t.strip_suffix('}'));
+        match field {
+            Some(field) if index == 0 => {
+                c.error(element.span(), format!("tool {tool_name}: the executable must be a literal path, not the field {field:?}"));
+            }
+            Some(field) => {
+                if input_schema.is_some() {
+                    let property = properties.and_then(|p| p.get(field));
+                    let scalar = property
+                        .and_then(|p| p.get("type"))
+                        .and_then(Value::as_str)
+                        .is_some_and(|t| SCALAR_TYPES.contains(&t));
+                    if property.is_none() {
+                        c.error(element.span(), format!("tool {tool_name}: command field {field:?} is not a property of the input schema"));
+                    } else if !scalar {
+                        c.error(element.span(), format!("tool {tool_name}: command field {field:?} must have a scalar type (string, integer, number, boolean)"));
+                    } else if !required.contains(field) {
+                        c.error(element.span(), format!("tool {tool_name}: command field {field:?} must be listed in the input schema's required"));
+                    }
+                }
+                command.push(ArgTemplate::Field(field.to_string()));
+            }
+            None if text.contains('{') || text.contains('}') => {
+                c.error(element.span(), format!("tool {tool_name}: fields are substituted as whole arguments only: write \"{{field}}\" as its own element"));
+            }
+            None if text.contains('\0') => {
+                c.error(
+                    element.span(),
+                    format!("tool {tool_name}: command elements must not contain NUL"),
+                );
+            }
+            None if index == 0 => {
+                if let Some(path) = c.path(element, &format!("tool {tool_name}: executable")) {
+                    command.push(ArgTemplate::Literal(path));
+                }
+            }
+            None => command.push(ArgTemplate::Literal(text.clone())),
+        }
+    }
+
+    let stdin = match &file.stdin {
+        None => StdinSource::Empty,
+        Some(s) if s.get_ref() == "$input" => StdinSource::WholeInput,
+        Some(s) => {
+            if input_schema.is_some() && properties.and_then(|p| p.get(s.get_ref())).is_none() {
+                c.error(s.span(), format!("tool {tool_name}: stdin field {:?} is not a property of the input schema (or use \"$input\")", s.get_ref()));
+            }
+            StdinSource::Field(s.get_ref().clone())
+        }
+    };
+
+    let side_effect = match file
+        .side_effect
+        .as_ref()
+        .map(|s| (s.get_ref().as_str(), s.span()))
+    {
+        None => SideEffect::Destructive,
+        Some(("read", _)) => SideEffect::Read,
+        Some(("write", _)) => SideEffect::Write,
+        Some(("destructive", _)) => SideEffect::Destructive,
+        Some((other, span)) => {
+            c.error(span, format!("tool {tool_name}: side_effect must be read, write or destructive, not {other:?}"));
+            SideEffect::Destructive
+        }
+    };
+    let approval = match file
+        .approval
+        .as_ref()
+        .map(|s| (s.get_ref().as_str(), s.span()))
+    {
+        None | Some(("auto", _)) => Approval::Auto,
+        Some(("human", _)) => Approval::Human,
+        Some((other, span)) => {
+            c.error(
+                span,
+                format!("tool {tool_name}: approval must be auto or human, not {other:?}"),
+            );
+            Approval::Auto
+        }
+    };
+    let retries = file
+        .retries
+        .as_ref()
+        .and_then(|r| c.integer(r, &format!("tool {tool_name}: retries"), bounds::RETRIES))
+        .and_then(|r| u32::try_from(r).ok())
+        .unwrap_or(0);
+    let timeout = file
+        .timeout
+        .as_ref()
+        .and_then(|t| c.duration(t, &format!("tool {tool_name}: timeout")))
+        .or(profile.map(|p| p.limits.timeout))
+        .unwrap_or(defaults::TIMEOUT);
+
+    if let (Some(profile), SideEffect::Read) = (profile, side_effect) {
+        if !profile.write.is_empty() {
+            c.warning(
+                name.span(),
+                format!(
+                    "tool {tool_name} is declared read-only but profile {} has write paths",
+                    profile.name
+                ),
+            );
+        }
+    }
+
+    let after = c
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
+    if after != before {
+        return None;
+    }
+    Some(Tool {
+        name: tool_name,
+        description: file.description.get_ref().clone(),
+        profile: profile_name,
+        command,
+        stdin,
+        side_effect,
+        category: file.category.as_ref().map(|c| c.get_ref().clone()),
+        approval,
+        retries,
+        timeout,
+        input_schema: input_schema?,
+        output_schema,
+    })
+}
+
+/// Validates a parsed policy. On success returns the policy and its warnings; on failure
+/// every error and warning found, in file order.
+pub fn validate_policy(
+    file: &PolicyFile,
+    source: Source<'_>,
+) -> Result<(ValidatedPolicy, Vec<Diagnostic>), Vec<Diagnostic>> {
+    let mut c = Checker {
+        source,
+        diagnostics: Vec::new(),
+    };
+    if *file.version.get_ref() != 1 {
+        c.error(
+            file.version.span(),
+            format!("version must be 1, not {}", file.version.get_ref()),
+        );
+    }
+    let strict_objects = file.strict_objects.as_ref().is_some_and(|s| *s.get_ref());
+
+    let profiles: BTreeMap<String, Option<Profile>> = file
+        .profiles
+        .iter()
+        .map(|(name, p)| (name.get_ref().clone(), check_profile(&mut c, name, p)))
+        .collect();
+    let tools: BTreeMap<String, Option<Tool>> = file
+        .tools
+        .iter()
+        .map(|(name, t)| {
+            (
+                name.get_ref().clone(),
+                check_tool(&mut c, name, t, &profiles, strict_objects),
+            )
+        })
+        .collect();
+
+    let mut diagnostics = c.diagnostics;
+    diagnostics.sort_by_key(|d| (d.line, d.column));
+    if diagnostics.iter().any(|d| d.severity == Severity::Error) {
+        return Err(diagnostics);
+    }
+    let policy = ValidatedPolicy {
+        strict_objects,
+        profiles: profiles
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?)))
+            .collect(),
+        tools: tools
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v?)))
+            .collect(),
+    };
+    Ok((policy, diagnostics))
+}

@@ -1,0 +1,271 @@
+//! Policy validation as `airlock check` reports it: every error at once, at its position.
+
+use airlock_policy::validate::{ArgTemplate, SideEffect, StdinSource};
+use airlock_policy::{PolicyError, Severity, load_policy_str};
+use serde_json::json;
+
+const PROFILE: &str = r#"
+version = 1
+[profiles.default]
+read = ["/usr"]
+tmpfs = { "/tmp" = "16MiB" }
+"#;
+
+fn errors(text: &str) -> Vec<String> {
+    match load_policy_str(text, "p.toml") {
+        Err(PolicyError::Invalid { diagnostics, .. }) => diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .map(ToString::to_string)
+            .collect(),
+        Ok(_) => vec![],
+        Err(other) => panic!("unexpected error {other:?}"),
+    }
+}
+
+fn warnings(text: &str) -> Vec<String> {
+    load_policy_str(text, "p.toml")
+        .unwrap_or_else(|e| panic!("{e:?}"))
+        .warnings
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+fn tool(body: &str) -> String {
+    format!("{PROFILE}\n[tools.t]\n{body}\n")
+}
+
+const INPUT: &str = r#"input = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }"#;
+
+#[test]
+fn three_different_mistakes_give_three_located_errors() {
+    let text = r#"version = 1
+[profiles.default]
+read = ["usr"]
+limits = { memory = "lots", timeout = "30s" }
+
+[tools.Bad_Name]
+description = "x"
+command = ["/bin/true"]
+input = { type = "object" }
+"#;
+    let found = errors(text);
+    assert_eq!(
+        found,
+        vec![
+            "p.toml:3:9: error: read path \"usr\" must be absolute",
+            "p.toml:4:21: error: limits.memory: expected a number followed by a unit, like \"256MiB\"",
+            "p.toml:6:8: error: tool name \"Bad_Name\" must match ^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$ (at most 64 characters)",
+        ]
+    );
+}
+
+#[test]
+fn syntax_errors_and_unknown_keys_are_located() {
+    let found = errors("version = 1\n[profiles.default]\nread = [\"/usr\"\n");
+    assert_eq!(found.len(), 1);
+    assert!(found[0].starts_with("p.toml:3:"), "{found:?}");
+    let found = errors("version = 1\n[profiles.default]\nmemroy = 1\n");
+    assert_eq!(found.len(), 1);
+    assert!(
+        found[0].starts_with("p.toml:3:1: error: unknown field `memroy`"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn wrong_version_is_an_error() {
+    assert_eq!(
+        errors("version = 2\n"),
+        vec!["p.toml:1:11: error: version must be 1, not 2"]
+    );
+}
+
+#[test]
+fn paths_must_be_absolute_normalised_and_free_of_dotdot() {
+    for (path, problem) in [
+        ("usr", "must be absolute"),
+        ("/usr/../etc", "must not contain `..`"),
+        ("/usr/./lib", "no `.` components"),
+        ("/usr//lib", "no repeated or trailing `/`"),
+        ("/usr/", "no repeated or trailing `/`"),
+    ] {
+        let found = errors(&format!(
+            "version = 1\n[profiles.default]\nread = [{path:?}]\n"
+        ));
+        assert_eq!(found.len(), 1, "{path}: {found:?}");
+        assert!(found[0].contains(problem), "{path}: {found:?}");
+    }
+}
+
+#[test]
+fn duplicate_and_reserved_paths_are_errors() {
+    let found = errors(
+        "version = 1\n[profiles.default]\nread = [\"/usr\", \"/proc\"]\nwrite = [\"/usr\"]\n",
+    );
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].contains("mounted by airlock itself"));
+    assert!(found[1].contains("listed more than once"));
+}
+
+#[test]
+fn limits_outside_sane_bounds_are_errors() {
+    let found = errors(
+        "version = 1\n[profiles.default]\nlimits = { memory = \"1KiB\", pids = 0, timeout = \"48h\", output = \"1GiB\", open_files = 2, cpu = \"1.5s\" }\n",
+    );
+    assert_eq!(found.len(), 6, "{found:?}");
+}
+
+#[test]
+fn timeouts_must_be_positive_durations_and_retries_non_negative() {
+    let found = errors(&tool(&format!(
+        "description = \"d\"\ncommand = [\"/bin/true\"]\ntimeout = \"0s\"\nretries = -1\n{INPUT}"
+    )));
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].contains("greater than zero"));
+    assert!(found[1].contains("retries must be between 0 and 10"));
+}
+
+#[test]
+fn blank_description_and_missing_profile_are_errors() {
+    let found = errors(&tool(&format!(
+        "description = \"  \"\nprofile = \"nope\"\ncommand = [\"/bin/true\"]\n{INPUT}"
+    )));
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].contains("description must not be blank"));
+    assert!(found[1].contains("profile \"nope\" is not defined"));
+}
+
+#[test]
+fn schemas_must_compile_and_describe_objects() {
+    let found = errors(&tool(
+        "description = \"d\"\ncommand = [\"/bin/true\"]\ninput = { type = \"nonsense\" }",
+    ));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("input schema: schema does not compile"),
+        "{found:?}"
+    );
+    let found = errors(&tool(
+        "description = \"d\"\ncommand = [\"/bin/true\"]\ninput = { type = \"string\" }",
+    ));
+    assert!(
+        found[0].contains("must have type = \"object\""),
+        "{found:?}"
+    );
+    let found = errors(&tool(&format!(
+        "description = \"d\"\ncommand = [\"/bin/true\"]\n{INPUT}\noutput = {{ type = 5 }}"
+    )));
+    assert!(found[0].contains("output schema"), "{found:?}");
+}
+
+#[test]
+fn command_fields_are_whole_required_scalar_arguments() {
+    let cases = [
+        (r#"["{text}"]"#, "executable must be a literal path"),
+        (r#"["/bin/echo", "--x={text}"]"#, "whole arguments only"),
+        (
+            r#"["/bin/echo", "{other}"]"#,
+            "not a property of the input schema",
+        ),
+        (r#"["echo"]"#, "must be absolute"),
+        (r#"[]"#, "must name an executable"),
+    ];
+    for (command, problem) in cases {
+        let found = errors(&tool(&format!(
+            "description = \"d\"\ncommand = {command}\n{INPUT}"
+        )));
+        assert_eq!(found.len(), 1, "{command}: {found:?}");
+        assert!(found[0].contains(problem), "{command}: {found:?}");
+    }
+    let optional = r#"input = { type = "object", properties = { text = { type = "string" } } }"#;
+    let found = errors(&tool(&format!(
+        "description = \"d\"\ncommand = [\"/bin/echo\", \"{{text}}\"]\n{optional}"
+    )));
+    assert!(found[0].contains("required"), "{found:?}");
+    let array = r#"input = { type = "object", properties = { text = { type = "array" } }, required = ["text"] }"#;
+    let found = errors(&tool(&format!(
+        "description = \"d\"\ncommand = [\"/bin/echo\", \"{{text}}\"]\n{array}"
+    )));
+    assert!(found[0].contains("scalar type"), "{found:?}");
+}
+
+#[test]
+fn unknown_or_never_allowed_syscalls_are_errors() {
+    let found = errors(
+        "version = 1\n[profiles.default]\nsyscalls = { allow = [\"ptrace\", \"io_uring_setup\", \"frobnicate\"], deny = [\"nope\"] }\n",
+    );
+    assert_eq!(found.len(), 4, "{found:?}");
+    assert!(found[0].contains("can never be allowed"));
+    assert!(found[1].contains("can never be allowed"));
+    assert!(found[2].contains("unknown syscall \"frobnicate\""));
+    assert!(found[3].contains("unknown syscall \"nope\""));
+}
+
+#[test]
+fn risky_grants_are_warnings_not_errors() {
+    let found = warnings(
+        "version = 1\n[profiles.default]\nwrite = [\"/\"]\nnetwork = { connect = [] }\nrequire = { landlock = \"best_effort\" }\n",
+    );
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(found[0].contains("write path \"/\" lets tools change the host system"));
+    assert!(found[1].contains("network is enabled with no rules"));
+    assert!(found[2].contains("landlock is best_effort"));
+    let found = warnings("version = 1\n[profiles.default]\nread = [\"/sys\"]\n");
+    assert!(found[0].contains("exposes host kernel state"));
+}
+
+#[test]
+fn bad_network_rules_and_requirements_are_errors() {
+    let found = errors(
+        "version = 1\n[profiles.default]\nnetwork = { connect = [\"udp:53\", \"tcp:0\", \"tcp:443\"] }\nrequire = { seccomp = \"maybe\" }\n",
+    );
+    assert_eq!(found.len(), 3, "{found:?}");
+    let found = errors("version = 1\n[profiles.default]\nnetwork = \"everything\"\n");
+    assert!(found[0].contains("network must be"), "{found:?}");
+}
+
+#[test]
+fn a_valid_tool_compiles_to_argv_and_stdin() {
+    let text = tool(&format!(
+        "description = \"d\"\ncommand = [\"/usr/bin/grep\", \"-c\", \"{{text}}\"]\nstdin = \"$input\"\nside_effect = \"read\"\n{INPUT}"
+    ));
+    let loaded = load_policy_str(&text, "p.toml").unwrap();
+    let t = &loaded.policy.tools["t"];
+    assert_eq!(
+        t.tool.command,
+        vec![
+            ArgTemplate::Literal("/usr/bin/grep".into()),
+            ArgTemplate::Literal("-c".into()),
+            ArgTemplate::Field("text".into())
+        ]
+    );
+    assert_eq!(t.tool.stdin, StdinSource::WholeInput);
+    assert_eq!(t.tool.side_effect, SideEffect::Read);
+    let input = json!({"text": "a b; rm -rf / $(x)"});
+    assert_eq!(
+        t.render_argv(&input).unwrap(),
+        vec!["/usr/bin/grep", "-c", "a b; rm -rf / $(x)"]
+    );
+    assert_eq!(
+        t.render_stdin(&input),
+        br#"{"text":"a b; rm -rf / $(x)"}"#.to_vec()
+    );
+    assert_eq!(loaded.policy.version.len(), 64);
+}
+
+#[test]
+fn side_effect_defaults_to_destructive() {
+    let loaded = load_policy_str(
+        &tool(&format!(
+            "description = \"d\"\ncommand = [\"/bin/true\"]\n{INPUT}"
+        )),
+        "p.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        loaded.policy.tools["t"].tool.side_effect,
+        SideEffect::Destructive
+    );
+}
