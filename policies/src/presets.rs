@@ -14,6 +14,9 @@ pub fn preset_text(name: &str) -> Option<&'static str> {
         .map(|(_, text)| *text)
 }
 
+/// A JSON Schema (2020-12) of the policy file format, for editors (`airlock schema`).
+pub const POLICY_FILE_SCHEMA: &str = include_str!("../policy.schema.json");
+
 /// The policy `airlock exec` and `airlock run` use when no file is given.
 pub const DEFAULT_PRESET: &str = "default";
 
@@ -32,6 +35,23 @@ mod tests {
                 "{name} lacks a default profile"
             );
         }
+    }
+
+    #[test]
+    fn presets_match_the_published_file_schema_and_typos_do_not() {
+        let schema: serde_json::Value = serde_json::from_str(POLICY_FILE_SCHEMA).unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        for (name, text) in PRESETS {
+            let value: toml::Value = toml::from_str(text).unwrap();
+            let json = serde_json::to_value(&value).unwrap();
+            let errors: Vec<String> = validator
+                .iter_errors(&json)
+                .map(|e| e.to_string())
+                .collect();
+            assert!(errors.is_empty(), "{name}: {errors:?}");
+        }
+        let typo: toml::Value = toml::from_str("version = 1\n[profiles.p]\nmemroy = 1\n").unwrap();
+        assert!(!validator.is_valid(&serde_json::to_value(&typo).unwrap()));
     }
 
     #[test]
