@@ -121,7 +121,7 @@ pub fn format_size(bytes: u64) -> String {
         ("KiB", 1 << 10),
     ];
     for (name, size) in UNITS {
-        if bytes >= size && bytes % size == 0 {
+        if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{}{name}", bytes / size);
         }
     }
@@ -131,11 +131,11 @@ pub fn format_size(bytes: u64) -> String {
 /// Formats a duration the way a policy author would write it.
 pub fn format_duration(duration: Duration) -> String {
     let ms = duration.as_millis();
-    if ms % 3_600_000 == 0 && ms > 0 {
+    if ms.is_multiple_of(3_600_000) && ms > 0 {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 && ms > 0 {
+    } else if ms.is_multiple_of(60_000) && ms > 0 {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")

@@ -744,14 +744,13 @@ fn check_tool(
         &format!("tool {tool_name}: input schema"),
         strict_objects,
     );
-    if let Some(schema) = &input_schema {
-        if schema.get("type").and_then(Value::as_str) != Some("object") {
+    if let Some(schema) = &input_schema
+        && schema.get("type").and_then(Value::as_str) != Some("object") {
             c.error(
                 file.input.span(),
                 format!("tool {tool_name}: input schema must have type = \"object\""),
             );
         }
-    }
     let output_schema = file.output.as_ref().and_then(|o| {
         check_schema(
             c,
@@ -874,8 +873,8 @@ fn check_tool(
         .or(profile.map(|p| p.limits.timeout))
         .unwrap_or(defaults::TIMEOUT);
 
-    if let (Some(profile), SideEffect::Read) = (profile, side_effect) {
-        if !profile.write.is_empty() {
+    if let (Some(profile), SideEffect::Read) = (profile, side_effect)
+        && !profile.write.is_empty() {
             c.warning(
                 name.span(),
                 format!(
@@ -884,7 +883,6 @@ fn check_tool(
                 ),
             );
         }
-    }
 
     let after = c
         .diagnostics
