@@ -1,5 +1,5 @@
 //! Policy validation as `airlock check` reports it: every error at once, at its position.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use airlock_policy::validate::{ArgTemplate, SideEffect, StdinSource};
 use airlock_policy::{PolicyError, Severity, load_policy_str};
