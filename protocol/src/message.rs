@@ -2,9 +2,13 @@
 //!
 //! Handshake: the worker speaks first with [`WorkerMessage::Hello`]; the supervisor answers
 //! [`SupervisorMessage::Hello`] with the same version, then sends `Setup`. The worker
-//! confines itself and reports `Ready` (or `SetupFailed`), then waits for `Run`. For each
-//! run it may send `Log` records, then exactly one `Exited` or `RunFailed`. `Shutdown` ends
-//! the conversation. Anything else is a protocol violation.
+//! confines itself (it may send `Log` records meanwhile) and reports `Ready` (or
+//! `SetupFailed`, after which it exits), then waits for `Run`. For each run it may send `Log`
+//! records, then exactly one `Exited` or `RunFailed`. `Shutdown` ends the conversation and may
+//! be sent at any point. Anything else is a protocol violation.
+//!
+//! [`crate::conversation::Conversation`] enforces this order; [`crate::frame`] carries each
+//! message in one length-prefixed frame.
 
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +33,18 @@ pub enum SupervisorMessage {
     Shutdown,
 }
 
+impl SupervisorMessage {
+    /// The variant's name, for logs and protocol-violation reports (never any payload).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Hello { .. } => "Hello",
+            Self::Setup(_) => "Setup",
+            Self::Run(_) => "Run",
+            Self::Shutdown => "Shutdown",
+        }
+    }
+}
+
 /// What to run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunRequest {
@@ -44,6 +60,17 @@ pub struct RunRequest {
     pub arguments_json: String,
     /// At most this many bytes of each of stdout and stderr are kept.
     pub output_limit_bytes: u64,
+    /// Whether the tool's stdio is captured or is the worker's own (`airlock exec`).
+    pub stdio: StdioMode,
+}
+
+/// Where a tool's stdin, stdout and stderr go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StdioMode {
+    /// Pipes: stdin from the request, stdout and stderr captured (bounded) into `Exited`.
+    Capture,
+    /// The worker's own descriptors 0-2, which the supervisor set to the caller's stdio.
+    Inherit,
 }
 
 /// Messages sent by the (untrusted once confined) worker.
@@ -69,6 +96,20 @@ pub enum WorkerMessage {
         /// The errno, when there is one.
         errno: Option<i32>,
     },
+}
+
+impl WorkerMessage {
+    /// The variant's name, for logs and protocol-violation reports (never any payload).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Hello { .. } => "Hello",
+            Self::Ready(_) => "Ready",
+            Self::SetupFailed(_) => "SetupFailed",
+            Self::Log(_) => "Log",
+            Self::Exited(_) => "Exited",
+            Self::RunFailed { .. } => "RunFailed",
+        }
+    }
 }
 
 /// Isolation the worker reports having applied (the supervisor cross-checks what it can).

@@ -1,0 +1,152 @@
+//! The confinement recipe: the worker confines itself, step by step, in this order.
+//!
+//! When this runs the worker is already PID 1 of fresh user, mount, pid, net, ipc, uts and
+//! cgroup namespaces (the supervisor's clone flags), uid 0 inside its user namespace with
+//! every capability *there*, and mapped to an unprivileged host uid (the supervisor wrote
+//! the uid/gid maps before letting it exec). Each step below says why it sits where it is.
+
+use std::os::fd::RawFd;
+
+use airlock_protocol::{AppliedIsolation, NetworkMode, Requirement, SandboxSpec, SetupFailure};
+use caps::CapSet;
+use nix::sys::resource::{Resource, setrlimit};
+
+use crate::landlock::{LandlockError, apply_landlock_to_current_process};
+use crate::mounts::build_root_filesystem;
+use crate::sys;
+
+/// The namespaces the supervisor creates for every worker.
+pub const NAMESPACES: [&str; 7] = ["user", "mnt", "pid", "net", "ipc", "uts", "cgroup"];
+
+/// A failed confinement step, reported to the supervisor as `SetupFailed`.
+#[derive(Debug, thiserror::Error)]
+#[error("{step}: {message}")]
+pub struct ConfineError {
+    /// The step that failed.
+    pub step: &'static str,
+    /// What went wrong.
+    pub message: String,
+    /// The errno, if any.
+    pub errno: Option<i32>,
+    /// A required kernel feature is missing (→ `sandbox_unavailable`).
+    pub feature_missing: bool,
+}
+
+impl ConfineError {
+    fn at(step: &'static str, error: impl std::fmt::Display, errno: Option<i32>) -> Self {
+        Self { step, message: error.to_string(), errno, feature_missing: false }
+    }
+}
+
+impl From<ConfineError> for SetupFailure {
+    fn from(e: ConfineError) -> Self {
+        SetupFailure { step: e.step.to_string(), message: e.message, errno: e.errno, feature_missing: e.feature_missing }
+    }
+}
+
+fn io_errno(e: &std::io::Error) -> Option<i32> {
+    e.raw_os_error()
+}
+
+/// Confines the calling worker process according to `spec`. `keep_fd` is the protocol
+/// socket; stdio (0, 1, 2) is kept for the tool.
+pub fn confine_worker(spec: &SandboxSpec, keep_fd: RawFd) -> Result<AppliedIsolation, ConfineError> {
+    // 1. Sanity: PID 1 of our own pid namespace, or killing us would not kill the tool tree.
+    if std::process::id() != 1 {
+        return Err(ConfineError::at("namespaces", "worker is not PID 1 of a fresh pid namespace", None));
+    }
+
+    // 2. Mounts first: they need CAP_SYS_ADMIN in our mount namespace and the host root
+    //    still reachable as the source of binds (and of the "fully visible /proc" check).
+    build_root_filesystem(&spec.mounts).map_err(|e| {
+        let errno = e.errno();
+        ConfineError::at("mount", e, errno)
+    })?;
+
+    // 3. Hostname: needs CAP_SYS_ADMIN in our UTS namespace, so before dropping caps.
+    nix::unistd::sethostname(&spec.hostname)
+        .map_err(|e| ConfineError::at("hostname", e, Some(e as i32)))?;
+
+    // 4. Network: bringing loopback up needs CAP_NET_ADMIN in our network namespace. With
+    //    "none" the namespace keeps only a down loopback: no interface at all works.
+    if spec.network == NetworkMode::Loopback {
+        sys::bring_loopback_up().map_err(|e| ConfineError::at("network", &e, io_errno(&e)))?;
+    }
+
+    // 5. Resource limits: lowering needs no privilege, but set them before the tool exists.
+    //    Core dumps are off: a dump could land in a writable bind with the tool's memory.
+    let limit = |resource, value: u64, name: &'static str| {
+        setrlimit(resource, value, value).map_err(|e| ConfineError::at("rlimits", format!("{name}: {e}"), Some(e as i32)))
+    };
+    limit(Resource::RLIMIT_NOFILE, spec.rlimits.open_files, "RLIMIT_NOFILE")?;
+    limit(Resource::RLIMIT_FSIZE, spec.rlimits.file_size_bytes, "RLIMIT_FSIZE")?;
+    limit(Resource::RLIMIT_CORE, 0, "RLIMIT_CORE")?;
+    if let Some(cpu) = spec.rlimits.cpu_seconds {
+        limit(Resource::RLIMIT_CPU, cpu, "RLIMIT_CPU")?;
+    }
+
+    // 6. Descriptors: nothing inherited may reach the tool (CVE-2024-21626 class). Keep
+    //    stdio and the protocol socket, which is always the highest fd we hold.
+    close_inherited_descriptors(keep_fd)?;
+
+    // 7. Not dumpable: tools in the sandbox cannot ptrace or read /proc/1/mem of the worker
+    //    that holds the protocol socket (runc CVE-2016-9962 pattern).
+    nix::sys::prctl::set_dumpable(false).map_err(|e| ConfineError::at("dumpable", e, Some(e as i32)))?;
+
+    // 8. Capabilities: all sets emptied, bounding first (dropping it needs CAP_SETPCAP,
+    //    which the later steps remove). An empty bounding set also means exec'ing as uid 0
+    //    gains nothing.
+    for set in [CapSet::Bounding, CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+        caps::clear(None, set).map_err(|e| ConfineError::at("capabilities", format!("clear {set:?}: {e}"), None))?;
+    }
+
+    // 9. no_new_privs: no setuid or file-capability gain on exec; required by Landlock and
+    //    by seccomp for an unprivileged process.
+    nix::sys::prctl::set_no_new_privs().map_err(|e| ConfineError::at("no_new_privs", e, Some(e as i32)))?;
+
+    // 10. Landlock: after the mounts (rules are opened on the final paths) and before
+    //     seccomp (whose allowlist does not include the landlock_* set-up flow we need).
+    let landlock = apply_landlock_to_current_process(&spec.landlock).map_err(|e| {
+        let missing = matches!(e, LandlockError::Unavailable(_) | LandlockError::AbiTooOld { .. } | LandlockError::NotFullyEnforced(_));
+        ConfineError { step: "landlock", message: e.to_string(), errno: None, feature_missing: missing }
+    })?;
+
+    // 11. seccomp last: everything above uses syscalls the filter refuses (mount,
+    //     sethostname, ...). From here on the worker itself runs under the filter too.
+    let seccomp_installed = match sys::install_seccomp_filter(&spec.seccomp.program) {
+        Ok(()) => true,
+        Err(e) if spec.seccomp.requirement == Requirement::BestEffort => {
+            let _ = e;
+            false
+        }
+        Err(e) => {
+            return Err(ConfineError {
+                step: "seccomp",
+                message: format!("cannot install the seccomp filter: {e}"),
+                errno: io_errno(&e),
+                feature_missing: matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)),
+            });
+        }
+    };
+
+    Ok(AppliedIsolation {
+        namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
+        landlock_abi: landlock.abi,
+        landlock_fully_enforced: landlock.fully_enforced,
+        seccomp_installed,
+    })
+}
+
+/// Closes every descriptor but stdio and `keep_fd`.
+fn close_inherited_descriptors(keep_fd: RawFd) -> Result<(), ConfineError> {
+    let fail = |e: std::io::Error| ConfineError::at("descriptors", &e, e.raw_os_error());
+    // The socket was placed at fd 3 by the supervisor's child set-up; close everything
+    // above it, then everything between stdio and it if it sits higher.
+    let keep = u32::try_from(keep_fd).map_err(|_| ConfineError::at("descriptors", "negative socket fd", None))?;
+    sys::close_descriptors_from(keep + 1).map_err(fail)?;
+    for fd in 3..keep_fd {
+        // EBADF for descriptors that were never open is fine.
+        let _ = nix::unistd::close(fd);
+    }
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! Applies the profile's Landlock rules to the worker (and so to every tool it starts).
+//!
+//! The ruleset handles every right of the kernel's own ABI, so "fully enforced" means every
+//! right this kernel can restrict is restricted. A profile that needs something the kernel
+//! lacks (TCP port rules need ABI 4) fails when Landlock is required.
+
+use airlock_protocol::{LandlockSpec, Requirement};
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+};
+
+use crate::sys;
+
+/// Why Landlock could not be applied as required.
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    /// The kernel has no Landlock (compiled out, or not in `lsm=`).
+    #[error("landlock is not available on this kernel ({0}); enable it with lsm=...,landlock on the kernel command line, or set require.landlock = \"best_effort\"")]
+    Unavailable(std::io::Error),
+    /// The profile needs a newer ABI than the kernel has.
+    #[error("landlock ABI {have} cannot {what} (needs ABI {need})")]
+    AbiTooOld {
+        /// The kernel's ABI.
+        have: i32,
+        /// The ABI needed.
+        need: i32,
+        /// What could not be enforced.
+        what: &'static str,
+    },
+    /// Building or enforcing the ruleset failed.
+    #[error("landlock ruleset: {0}")]
+    Ruleset(#[from] landlock::RulesetError),
+    /// The kernel enforced less than everything.
+    #[error("landlock rules are only {0:?}")]
+    NotFullyEnforced(RulesetStatus),
+}
+
+/// What was applied: the ABI used (0 when none) and whether every handled right holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LandlockOutcome {
+    /// ABI version, 0 when Landlock was not applied.
+    pub abi: u32,
+    /// Every requested right is enforced.
+    pub fully_enforced: bool,
+}
+
+/// Restricts the calling (single-threaded) process with `spec`.
+pub fn apply_landlock_to_current_process(spec: &LandlockSpec) -> Result<LandlockOutcome, LandlockError> {
+    let required = spec.requirement == Requirement::Required;
+    let version = match sys::landlock_abi_version() {
+        Ok(v) if v >= 1 => v,
+        Ok(_) => return skip_or_fail(required, std::io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
+        Err(e) => return skip_or_fail(required, e),
+    };
+    let abi = ABI::from(version);
+    let mut fully = true;
+
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(abi))?;
+    let net_rules = spec.restrict_tcp && version >= 4;
+    if spec.restrict_tcp && !net_rules {
+        if required {
+            return Err(LandlockError::AbiTooOld { have: version, need: 4, what: "filter TCP ports" });
+        }
+        fully = false;
+    }
+    if net_rules {
+        ruleset = ruleset.handle_access(AccessNet::from_all(abi))?;
+    }
+    if version >= 6 {
+        // Abstract unix sockets and signals are scoped to the sandbox: host daemons
+        // listening on abstract names, and host processes, are out of reach.
+        ruleset = ruleset.scope(Scope::from_all(abi))?;
+    }
+    let mut created = ruleset.create()?;
+    for (paths, access) in [(&spec.read, AccessFs::from_read(abi)), (&spec.write, AccessFs::from_all(abi))] {
+        for path in paths {
+            // Optional binds that were absent on the host have no mount point here.
+            let Ok(fd) = PathFd::new(path) else { continue };
+            // Files (not directories) only accept file rights.
+            let access = if std::fs::metadata(path).is_ok_and(|m| !m.is_dir()) {
+                access & AccessFs::from_file(abi)
+            } else {
+                access
+            };
+            created = created.add_rule(PathBeneath::new(fd, access))?;
+        }
+    }
+    if net_rules {
+        for port in &spec.tcp_bind {
+            created = created.add_rule(NetPort::new(*port, AccessNet::BindTcp))?;
+        }
+        for port in &spec.tcp_connect {
+            created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
+        }
+    }
+    let status = created.restrict_self()?;
+    if status.ruleset != RulesetStatus::FullyEnforced {
+        if required {
+            return Err(LandlockError::NotFullyEnforced(status.ruleset));
+        }
+        fully = false;
+    }
+    Ok(LandlockOutcome { abi: version as u32, fully_enforced: fully })
+}
+
+fn skip_or_fail(required: bool, cause: std::io::Error) -> Result<LandlockOutcome, LandlockError> {
+    if required {
+        Err(LandlockError::Unavailable(cause))
+    } else {
+        Ok(LandlockOutcome { abi: 0, fully_enforced: false })
+    }
+}

@@ -1,0 +1,247 @@
+//! Runs one tool process inside the confined worker and collects what it did.
+//!
+//! The worker is PID 1: it forks the tool into a new session (no controlling terminal, so
+//! no TIOCSTI even when stdio is the caller's terminal), feeds stdin, drains stdout and
+//! stderr into bounded buffers (reading past the limit and discarding, so a flooding tool
+//! never blocks), reaps every orphan that reparents to it, and when the tool exits kills
+//! whatever the tool left behind.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use airlock_protocol::{ExitStatus, RunRequest, SandboxSpec, StdioMode, ToolExit, WorkerMessage};
+
+use crate::sys::{self, Forked};
+
+/// How long output may keep flowing after the tool itself exited (descendants holding the
+/// pipes open) before the worker stops reading and kills them.
+const DRAIN_GRACE: Duration = Duration::from_millis(100);
+
+/// A bounded capture of one output stream.
+#[derive(Debug, Default)]
+struct Capture {
+    kept: Vec<u8>,
+    truncated: bool,
+}
+
+impl Capture {
+    fn push(&mut self, bytes: &[u8], limit: usize) {
+        let room = limit.saturating_sub(self.kept.len());
+        let take = room.min(bytes.len());
+        self.kept.extend_from_slice(&bytes[..take]);
+        if take < bytes.len() {
+            self.truncated = true;
+        }
+    }
+}
+
+fn cstring(text: &str) -> Option<CString> {
+    CString::new(text).ok()
+}
+
+/// Finds the executable: a path with `/` as is, else the first match in the sandbox PATH.
+fn resolve_executable(program: &str, spec: &SandboxSpec) -> String {
+    if program.contains('/') {
+        return program.to_string();
+    }
+    let path = spec.env.iter().find(|(k, _)| k == "PATH").map_or("/usr/bin:/bin", |(_, v)| v.as_str());
+    for dir in path.split(':').filter(|d| !d.is_empty()) {
+        let candidate = format!("{dir}/{program}");
+        if std::fs::metadata(&candidate).is_ok_and(|m| m.is_file()) {
+            return candidate;
+        }
+    }
+    program.to_string()
+}
+
+/// In the forked child: wire stdio, start a session, exec. Never returns.
+fn exec_tool_in_child(
+    spec: &SandboxSpec,
+    program: &CString,
+    argv: &[CString],
+    envp: &[CString],
+    stdio: Option<[RawFd; 3]>,
+    error_pipe: RawFd,
+) -> ! {
+    let fail = |errno: i32| -> ! {
+        let bytes = errno.to_ne_bytes();
+        let _ = sys::write_raw(error_pipe, &bytes);
+        sys::exit_immediately(127)
+    };
+    if let Some(fds) = stdio {
+        for (target, fd) in fds.iter().enumerate() {
+            if let Err(e) = sys::duplicate_onto(*fd, target as RawFd) {
+                fail(e.raw_os_error().unwrap_or(libc::EIO));
+            }
+        }
+    }
+    // A new session: the tool has no controlling terminal and its own process group.
+    if let Err(e) = nix::unistd::setsid() {
+        fail(e as i32);
+    }
+    if let Err(e) = nix::unistd::chdir(spec.cwd.as_str()) {
+        fail(e as i32);
+    }
+    let error = sys::execute(program, argv, envp);
+    fail(error.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn read_into(fd: &OwnedFd, capture: &mut Capture, limit: usize) -> bool {
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        match nix::unistd::read(fd, &mut buffer) {
+            Ok(0) => return false,
+            Ok(n) => capture.push(&buffer[..n], limit),
+            Err(nix::errno::Errno::EAGAIN) => return true,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Runs the request and returns the message to send back.
+pub fn run_tool(spec: &SandboxSpec, request: &RunRequest) -> WorkerMessage {
+    match run_tool_inner(spec, request) {
+        Ok(exit) => WorkerMessage::Exited(exit),
+        Err((message, errno)) => WorkerMessage::RunFailed { message, errno },
+    }
+}
+
+type RunError = (String, Option<i32>);
+
+fn os_error(what: &str) -> impl Fn(std::io::Error) -> RunError + '_ {
+    move |e| (format!("{what}: {e}"), e.raw_os_error())
+}
+
+fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, RunError> {
+    let first = request.argv.first().ok_or(("empty argv".to_string(), None))?;
+    let resolved = resolve_executable(first, spec);
+    let program = cstring(&resolved).ok_or(("executable path contains NUL".to_string(), None))?;
+    let argv: Vec<CString> = request.argv.iter().map(|a| cstring(a)).collect::<Option<_>>().ok_or(("argument contains NUL".to_string(), None))?;
+    let envp: Vec<CString> = spec.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<Option<_>>().ok_or(("environment contains NUL".to_string(), None))?;
+    let limit = usize::try_from(request.output_limit_bytes).unwrap_or(usize::MAX);
+
+    let (error_read, error_write) = sys::cloexec_pipe().map_err(os_error("pipe"))?;
+    let pipes = match request.stdio {
+        StdioMode::Inherit => None,
+        StdioMode::Capture => Some([
+            sys::cloexec_pipe().map_err(os_error("pipe"))?,
+            sys::cloexec_pipe().map_err(os_error("pipe"))?,
+            sys::cloexec_pipe().map_err(os_error("pipe"))?,
+        ]),
+    };
+    let child_stdio = pipes.as_ref().map(|[stdin, stdout, stderr]| [stdin.0.as_raw_fd(), stdout.1.as_raw_fd(), stderr.1.as_raw_fd()]);
+
+    let pid = match sys::fork_single_threaded().map_err(os_error("fork"))? {
+        Forked::Child => exec_tool_in_child(spec, &program, &argv, &envp, child_stdio, error_write.as_raw_fd()),
+        Forked::Parent(pid) => pid,
+    };
+    drop(error_write);
+
+    // Did exec succeed? The error pipe closes on exec (EOF) or carries the errno.
+    let mut errno_bytes = [0u8; 4];
+    if let Ok(4) = nix::unistd::read(&error_read, &mut errno_bytes) {
+        let errno = i32::from_ne_bytes(errno_bytes);
+        let _ = sys::reap_all_children();
+        return Err((format!("cannot execute {resolved}: {}", std::io::Error::from_raw_os_error(errno)), Some(errno)));
+    }
+
+    let mut stdout = Capture::default();
+    let mut stderr = Capture::default();
+    let mut status: Option<ExitStatus> = None;
+    let mut exited_at: Option<Instant> = None;
+
+    if let Some([stdin, stdout_pipe, stderr_pipe]) = pipes {
+        let (_, stdin_write) = stdin;
+        let (stdout_read, _) = stdout_pipe;
+        let (stderr_read, _) = stderr_pipe;
+        for fd in [stdin_write.as_raw_fd(), stdout_read.as_raw_fd(), stderr_read.as_raw_fd()] {
+            sys::set_nonblocking(fd).map_err(os_error("nonblocking"))?;
+        }
+        let mut stdin_write = Some(stdin_write);
+        let mut written = 0usize;
+        if request.stdin.is_empty() {
+            stdin_write = None;
+        }
+        let mut stdout_open = true;
+        let mut stderr_open = true;
+        loop {
+            reap(pid, &mut status, &mut exited_at);
+            let done_reading = !stdout_open && !stderr_open;
+            let grace_over = exited_at.is_some_and(|t| t.elapsed() >= DRAIN_GRACE);
+            if status.is_some() && (done_reading || grace_over) {
+                break;
+            }
+            let mut fds = Vec::with_capacity(3);
+            if stdout_open {
+                fds.push(libc::pollfd { fd: stdout_read.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            }
+            if stderr_open {
+                fds.push(libc::pollfd { fd: stderr_read.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            }
+            if let Some(w) = &stdin_write {
+                fds.push(libc::pollfd { fd: w.as_raw_fd(), events: libc::POLLOUT, revents: 0 });
+            }
+            // Wake up regularly to reap orphans and notice the tool's exit.
+            let _ = sys::poll_descriptors(&mut fds, 20);
+            if stdout_open {
+                stdout_open = read_into(&stdout_read, &mut stdout, limit);
+            }
+            if stderr_open {
+                stderr_open = read_into(&stderr_read, &mut stderr, limit);
+            }
+            if let Some(w) = &stdin_write {
+                match nix::unistd::write(w, &request.stdin[written..]) {
+                    Ok(n) => written += n,
+                    Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {}
+                    // EPIPE: the tool closed stdin; that is its right.
+                    Err(_) => written = request.stdin.len(),
+                }
+                if written >= request.stdin.len() {
+                    stdin_write = None;
+                }
+            }
+        }
+    } else {
+        while status.is_none() {
+            reap(pid, &mut status, &mut exited_at);
+            if status.is_none() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    // Whatever the tool left running (daemons, double forks) dies with it.
+    let _ = sys::kill_every_other_process();
+    let _ = sys::reap_all_children();
+    let (user_cpu_us, system_cpu_us) = sys::children_cpu_time_us();
+    Ok(ToolExit {
+        status: status.unwrap_or(ExitStatus::Signal(libc::SIGKILL)),
+        stdout: stdout.kept,
+        stderr: stderr.kept,
+        stdout_truncated: stdout.truncated,
+        stderr_truncated: stderr.truncated,
+        user_cpu_us,
+        system_cpu_us,
+    })
+}
+
+/// Reaps every child that changed state; records the tool's own status.
+fn reap(tool: libc::pid_t, status: &mut Option<ExitStatus>, exited_at: &mut Option<Instant>) {
+    while let Ok(Some((pid, raw))) = sys::reap_any_child() {
+        if pid == tool {
+            let decoded = if libc::WIFEXITED(raw) {
+                Some(ExitStatus::Code(libc::WEXITSTATUS(raw)))
+            } else if libc::WIFSIGNALED(raw) {
+                Some(ExitStatus::Signal(libc::WTERMSIG(raw)))
+            } else {
+                None
+            };
+            if decoded.is_some() {
+                *status = decoded;
+                *exited_at = Some(Instant::now());
+            }
+        }
+    }
+}

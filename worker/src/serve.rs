@@ -1,0 +1,93 @@
+//! The worker's conversation with the supervisor: handshake, confine, run, exit.
+
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use airlock_protocol::{
+    LogLevel, LogRecord, PROTOCOL_VERSION, SandboxSpec, SupervisorMessage, WorkerMessage, read_frame, write_frame,
+};
+
+use crate::confine::confine_worker;
+use crate::run::run_tool;
+
+/// Exit codes of the worker process itself (the tool's status travels in `Exited`).
+pub mod exit_code {
+    /// Served and shut down cleanly.
+    pub const OK: i32 = 0;
+    /// The supervisor broke the protocol or went away mid-conversation.
+    pub const PROTOCOL: i32 = 70;
+    /// Confinement failed (reported as `SetupFailed` first).
+    pub const SETUP: i32 = 71;
+    /// The socket descriptor argument was unusable.
+    pub const USAGE: i32 = 64;
+}
+
+fn send(stream: &mut UnixStream, message: &WorkerMessage) -> bool {
+    write_frame(stream, message).is_ok()
+}
+
+fn receive(stream: &mut UnixStream) -> Option<SupervisorMessage> {
+    read_frame(stream).ok().flatten()
+}
+
+/// Runs the worker on the protocol socket `fd` (inherited from the supervisor's spawn).
+/// Returns the process exit code.
+pub fn serve_on_socket(fd: RawFd) -> i32 {
+    if fd < 3 {
+        return exit_code::USAGE;
+    }
+    let owned: OwnedFd = match crate::sys::adopt_descriptor(fd) {
+        Ok(owned) => owned,
+        Err(_) => return exit_code::USAGE,
+    };
+    let mut stream = UnixStream::from(owned);
+
+    if !send(&mut stream, &WorkerMessage::Hello { version: PROTOCOL_VERSION }) {
+        return exit_code::PROTOCOL;
+    }
+    match receive(&mut stream) {
+        Some(SupervisorMessage::Hello { version }) if version == PROTOCOL_VERSION => {}
+        _ => return exit_code::PROTOCOL,
+    }
+    let spec: SandboxSpec = match receive(&mut stream) {
+        Some(SupervisorMessage::Setup(spec)) => *spec,
+        _ => return exit_code::PROTOCOL,
+    };
+    match confine_worker(&spec, fd) {
+        Ok(applied) => {
+            if !send(&mut stream, &WorkerMessage::Ready(applied)) {
+                return exit_code::PROTOCOL;
+            }
+        }
+        Err(error) => {
+            let _ = send(&mut stream, &WorkerMessage::SetupFailed(error.into()));
+            return exit_code::SETUP;
+        }
+    }
+    loop {
+        match receive(&mut stream) {
+            Some(SupervisorMessage::Run(request)) => {
+                let report = run_tool(&spec, &request);
+                if !send(&mut stream, &report) {
+                    return exit_code::PROTOCOL;
+                }
+            }
+            Some(SupervisorMessage::Shutdown) | None => return exit_code::OK,
+            Some(_) => {
+                let _ = send(
+                    &mut stream,
+                    &WorkerMessage::Log(LogRecord { level: LogLevel::Error, message: "unexpected message".into() }),
+                );
+                return exit_code::PROTOCOL;
+            }
+        }
+    }
+}
+
+/// Parses the worker's command line (`<socket-fd>`) and serves; for the binary's entry hook.
+pub fn worker_main(args: &[String]) -> i32 {
+    match args.first().and_then(|a| a.parse::<RawFd>().ok()) {
+        Some(fd) => serve_on_socket(fd),
+        None => exit_code::USAGE,
+    }
+}

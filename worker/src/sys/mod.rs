@@ -1,0 +1,247 @@
+//! Thin wrappers over the raw syscalls the worker needs and `nix` does not wrap safely.
+//!
+//! Every `unsafe` block of the worker lives here, each returning `io::Result` and carrying a
+//! `// SAFETY:` comment naming its invariant. Callers above this module are safe Rust.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use airlock_protocol::BpfInstruction;
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn check_int(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// The Landlock ABI version the kernel offers (`Err` with ENOSYS or EOPNOTSUPP when
+/// Landlock is compiled out or not in the active LSM list).
+pub fn landlock_abi_version() -> io::Result<i32> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a NULL attribute pointer, size 0 and the VERSION flag the kernel reads no
+    // memory and only returns the ABI number.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    check(ret).map(|v| v as i32)
+}
+
+/// Installs a seccomp filter on the calling thread (the worker is single-threaded, so the
+/// whole process). `no_new_privs` must already be set.
+pub fn install_seccomp_filter(program: &[BpfInstruction]) -> io::Result<()> {
+    let filters: Vec<libc::sock_filter> = program
+        .iter()
+        .map(|i| libc::sock_filter { code: i.code, jt: i.jt, jf: i.jf, k: i.k })
+        .collect();
+    let len = u16::try_from(filters.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
+    let fprog = libc::sock_fprog { len, filter: filters.as_ptr().cast_mut() };
+    // SAFETY: `fprog` points at `filters`, which outlives the call; the kernel copies the
+    // program during the syscall and keeps no pointer to our memory.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0 as libc::c_uint,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    check(ret).map(drop)
+}
+
+/// Closes every descriptor from `first` upwards.
+pub fn close_descriptors_from(first: u32) -> io::Result<()> {
+    // SAFETY: close_range only closes descriptors; the worker owns every fd in the range
+    // and holds no Rust object wrapping them (the protocol socket is below `first` or moved).
+    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
+    check(ret).map(drop)
+}
+
+/// Brings the loopback interface of the current network namespace up.
+pub fn bring_loopback_up() -> io::Result<()> {
+    // SAFETY: plain socket creation; the fd is immediately owned by OwnedFd.
+    let fd = check_int(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` was just returned by socket() and is owned by nobody else.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: SIOCGIFFLAGS reads and writes only `request`, which lives across the call.
+    check_int(unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) })?;
+    // SAFETY: the union field written by SIOCGIFFLAGS is ifru_flags.
+    unsafe {
+        request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: as above; SIOCSIFFLAGS reads `request`.
+    check_int(unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) })?;
+    Ok(())
+}
+
+/// What `fork` returned.
+#[derive(Debug)]
+pub enum Forked {
+    /// In the parent, with the child's pid.
+    Parent(libc::pid_t),
+    /// In the child.
+    Child,
+}
+
+/// Forks the worker. Sound because the worker is single-threaded: no other thread can hold
+/// a lock the child would inherit.
+pub fn fork_single_threaded() -> io::Result<Forked> {
+    // SAFETY: the worker never starts threads (it is a freshly exec'd, tokio-free program),
+    // so the child inherits no lock held by another thread.
+    let pid = check_int(unsafe { libc::fork() })?;
+    Ok(if pid == 0 { Forked::Child } else { Forked::Parent(pid) })
+}
+
+/// Duplicates `old` onto `new` (clearing close-on-exec on `new`).
+pub fn duplicate_onto(old: RawFd, new: RawFd) -> io::Result<()> {
+    if old == new {
+        // dup2 would keep FD_CLOEXEC; clear it explicitly.
+        // SAFETY: fcntl on a descriptor number only changes its flags.
+        check_int(unsafe { libc::fcntl(new, libc::F_SETFD, 0) })?;
+        return Ok(());
+    }
+    // SAFETY: dup2 only manipulates the descriptor table.
+    check_int(unsafe { libc::dup2(old, new) }).map(drop)
+}
+
+/// Executes `path` with `argv` and `envp`; returns only on failure.
+pub fn execute(path: &CString, argv: &[CString], envp: &[CString]) -> io::Error {
+    let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    argv_ptrs.push(std::ptr::null());
+    let mut envp_ptrs: Vec<*const libc::c_char> = envp.iter().map(|e| e.as_ptr()).collect();
+    envp_ptrs.push(std::ptr::null());
+    // SAFETY: every pointer refers to a NUL-terminated CString that outlives the call, and
+    // both arrays are NULL-terminated as execve requires.
+    unsafe { libc::execve(path.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr()) };
+    io::Error::last_os_error()
+}
+
+/// Exits the calling process immediately, without running Rust destructors or atexit
+/// handlers (used in a forked child whose exec failed).
+pub fn exit_immediately(code: i32) -> ! {
+    // SAFETY: _exit never returns and touches no Rust state.
+    unsafe { libc::_exit(code) }
+}
+
+/// Waits for any child without blocking; `Ok(None)` when none has changed state.
+pub fn reap_any_child() -> io::Result<Option<(libc::pid_t, libc::c_int)>> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: `status` is a valid out-pointer for the duration of the call.
+    let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+    match pid {
+        0 => Ok(None),
+        p if p > 0 => Ok(Some((p, status))),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Sends SIGKILL to every process this one may signal; as PID 1 of a pid namespace that is
+/// every other process in the namespace.
+pub fn kill_every_other_process() -> io::Result<()> {
+    // SAFETY: kill with pid -1 has no memory effects.
+    check_int(unsafe { libc::kill(-1, libc::SIGKILL) }).map(drop)
+}
+
+/// CPU time used by reaped children: (user µs, system µs).
+pub fn children_cpu_time_us() -> (u64, u64) {
+    // SAFETY: rusage is plain old data and getrusage fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid out-pointer.
+    let ret = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    if ret != 0 {
+        return (0, 0);
+    }
+    let micros = |t: libc::timeval| (t.tv_sec as u64).saturating_mul(1_000_000).saturating_add(t.tv_usec as u64);
+    (micros(usage.ru_utime), micros(usage.ru_stime))
+}
+
+/// A pidfd for a child, so the worker can poll for its exit.
+pub fn open_pidfd(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor.
+    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) })?;
+    // SAFETY: the descriptor was just created for us and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Polls descriptors for readability/writability; returns the revents per entry.
+pub fn poll_descriptors(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
+    // SAFETY: `fds` is a valid mutable slice of pollfd for the duration of the call.
+    let ret = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    match check_int(ret) {
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        other => other.map(|n| n as usize),
+    }
+}
+
+/// Marks a descriptor non-blocking.
+pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor number only reads and changes its status flags.
+    let flags = check_int(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: as above.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) }).map(drop)
+}
+
+/// A pipe whose both ends are close-on-exec: (read end, write end).
+pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    check_int(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 returned two fresh descriptors that nobody else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Writes bytes to a raw descriptor (used in a forked child before exec, where the only
+/// handle to the error pipe is its number).
+pub fn write_raw(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
+    // SAFETY: `bytes` is a valid slice for the duration of the call; write does not retain it.
+    let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+/// Blocks until every child has been reaped (ECHILD).
+pub fn reap_all_children() -> io::Result<()> {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: `status` is a valid out-pointer for the duration of the call.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::__WALL) };
+        if pid < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ECHILD) => return Ok(()),
+                Some(libc::EINTR) => continue,
+                _ => return Err(e),
+            }
+        }
+    }
+}
+
+/// Takes ownership of an inherited descriptor number after checking it is open.
+pub fn adopt_descriptor(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_GETFD only reads the descriptor's flags; it fails with EBADF if not open.
+    check_int(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    // SAFETY: the descriptor is open (checked above) and was handed to this process by the
+    // supervisor for exactly this purpose; nothing else in the worker owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
