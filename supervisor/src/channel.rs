@@ -1,0 +1,93 @@
+//! The supervisor's end of one worker's protocol socket: bounded frames in, frames out.
+//!
+//! Everything a worker sends is untrusted. Frames above the per-call maximum, malformed
+//! bodies, trailing bytes and log floods end the conversation as a protocol violation; the
+//! buffer never grows beyond one maximum-size frame.
+
+use airlock_protocol::frame::encode_frame;
+use airlock_protocol::{FrameDecoder, SupervisorMessage, WorkerMessage};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// Why the conversation with a worker broke down.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// The worker sent something malformed, oversized or out of place.
+    #[error("protocol violation: {0}")]
+    Violation(String),
+    /// The worker closed the socket (it exited or was killed).
+    #[error("worker closed the connection")]
+    Closed,
+    /// Socket I/O failed.
+    #[error("socket i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Most log records a worker may send in one conversation.
+const MAX_LOG_RECORDS: usize = 256;
+
+/// One worker's protocol socket.
+#[derive(Debug)]
+pub struct WorkerChannel {
+    stream: UnixStream,
+    decoder: FrameDecoder,
+    pending: Vec<u8>,
+    logs: usize,
+}
+
+impl WorkerChannel {
+    /// Wraps the supervisor's end; frames from the worker above `max_frame_bytes` are refused.
+    pub fn new(stream: UnixStream, max_frame_bytes: usize) -> Self {
+        Self { stream, decoder: FrameDecoder::with_max_frame_bytes(max_frame_bytes), pending: Vec::new(), logs: 0 }
+    }
+
+    /// Sends one message.
+    pub async fn send(&mut self, message: &SupervisorMessage) -> Result<(), ChannelError> {
+        let frame = encode_frame(message).map_err(|e| ChannelError::Violation(format!("cannot encode {}: {e}", message.name())))?;
+        self.stream.write_all(&frame).await?;
+        Ok(())
+    }
+
+    /// Receives the next message that is not a log record (logs go to tracing, bounded).
+    pub async fn receive(&mut self) -> Result<WorkerMessage, ChannelError> {
+        loop {
+            let message = self.receive_any().await?;
+            if let WorkerMessage::Log(record) = &message {
+                self.logs += 1;
+                if self.logs > MAX_LOG_RECORDS {
+                    return Err(ChannelError::Violation("too many log records".into()));
+                }
+                // Debug formatting escapes control characters: worker text cannot forge
+                // log lines or terminal sequences (RUSTSEC-2025-0055 class).
+                tracing::debug!(level = ?record.level, message = ?record.message, "worker log");
+                continue;
+            }
+            return Ok(message);
+        }
+    }
+
+    async fn receive_any(&mut self) -> Result<WorkerMessage, ChannelError> {
+        loop {
+            if !self.pending.is_empty() {
+                let mut input: &[u8] = &self.pending;
+                let decoded = self.decoder.decode_message::<WorkerMessage>(&mut input);
+                let consumed = self.pending.len() - input.len();
+                self.pending.drain(..consumed);
+                match decoded {
+                    Ok(Some(message)) => return Ok(message),
+                    Ok(None) => {}
+                    Err(e) => return Err(ChannelError::Violation(e.to_string())),
+                }
+            }
+            let mut buffer = [0u8; 64 * 1024];
+            let n = self.stream.read(&mut buffer).await?;
+            if n == 0 {
+                return match self.decoder.end_of_stream() {
+                    Ok(()) => Err(ChannelError::Closed),
+                    Err(e) => Err(ChannelError::Violation(e.to_string())),
+                };
+            }
+            self.pending.extend_from_slice(&buffer[..n]);
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The one result record returned for every outcome of a call (DESIGN §6). Its JSON field
+//! names are a contract with users and tests.
+
+use serde::Serialize;
+
+/// What kind of failure a call ended in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// Arguments were not JSON, too large or deep, or failed the schema.
+    InvalidInput,
+    /// No active tool of that name.
+    UnknownTool,
+    /// A rule refused the call.
+    Denied,
+    /// The call needs a human approval first.
+    ApprovalRequired,
+    /// The approval is expired, unknown, used, or no longer matches.
+    ApprovalInvalid,
+    /// The deadline passed; everything was killed.
+    Timeout,
+    /// The memory limit was hit and the kernel killed a process.
+    OutOfMemory,
+    /// The process limit was hit.
+    PidsLimit,
+    /// The seccomp filter killed the tool.
+    SeccompViolation,
+    /// The tool exited non-zero or died of a signal.
+    ToolFailed,
+    /// The output did not match the tool's output schema.
+    OutputInvalid,
+    /// The worker broke the protocol and was killed.
+    ProtocolViolation,
+    /// A required isolation layer could not be set up.
+    SandboxUnavailable,
+    /// The caller cancelled.
+    Cancelled,
+    /// Too many calls in flight.
+    Overloaded,
+    /// A rate limit was exceeded.
+    RateLimited,
+}
+
+impl ErrorKind {
+    /// Whether a retry in a fresh worker may succeed (DESIGN §1: never for invalid input,
+    /// denial, timeout, cancellation, a missing sandbox, OOM or seccomp kills).
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorKind::ToolFailed)
+    }
+}
+
+/// One schema violation (pointer and keyword, never the value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InputViolation {
+    /// JSON pointer.
+    pub path: String,
+    /// The failed keyword.
+    pub keyword: String,
+    /// Safe message.
+    pub message: String,
+}
+
+/// A typed error with a safe message and kind-specific fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ToolError {
+    /// The kind.
+    pub kind: ErrorKind,
+    /// A message without raw arguments.
+    pub message: String,
+    /// `invalid_input`: where the input was wrong.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub violations: Option<Vec<InputViolation>>,
+    /// `seccomp_violation`: the syscall, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<String>,
+    /// `sandbox_unavailable` / `protocol_violation`: the step that failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// `timeout`: the deadline, milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// `denied`: the rule that fired.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+}
+
+impl ToolError {
+    /// An error with only a kind and message.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), violations: None, syscall: None, step: None, timeout_ms: None, rule: None }
+    }
+}
+
+/// Resource usage.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// CPU time of the tool and its descendants (user + system), milliseconds.
+    pub cpu_ms: u64,
+    /// Peak memory of the worker's cgroup, bytes (when the kernel reports it).
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// Landlock enforcement level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LandlockLevel {
+    /// Every right the kernel can restrict is restricted.
+    Full,
+    /// Some rights could not be restricted (best effort only).
+    Partial,
+    /// Not applied.
+    None,
+}
+
+/// Limits applied to the call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct AppliedLimits {
+    /// cgroup memory limit.
+    pub memory_bytes: u64,
+    /// cgroup pids limit.
+    pub pids: u64,
+    /// Deadline.
+    pub timeout_ms: u64,
+    /// Output kept per stream.
+    pub output_bytes: u64,
+}
+
+/// The isolation actually applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Isolation {
+    /// Namespaces entered.
+    pub namespaces: Vec<String>,
+    /// Landlock ABI (0 = none).
+    pub landlock_abi: u32,
+    /// Landlock level.
+    pub landlock: LandlockLevel,
+    /// seccomp filter digest (hex SHA-256), when installed.
+    pub seccomp: Option<String>,
+    /// cgroup version (`v1` | `v2`), when limits were applied.
+    pub cgroup: Option<String>,
+    /// The limits.
+    pub limits: AppliedLimits,
+}
+
+impl Default for Isolation {
+    fn default() -> Self {
+        Self { namespaces: Vec::new(), landlock_abi: 0, landlock: LandlockLevel::None, seccomp: None, cgroup: None, limits: AppliedLimits::default() }
+    }
+}
+
+/// The result of one call, whatever happened.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolResult {
+    /// The call's id.
+    pub call_id: String,
+    /// The tool (or `exec` for `airlock exec`).
+    pub tool: String,
+    /// Success.
+    pub ok: bool,
+    /// Tool output: parsed JSON when the tool has an output schema, else stdout as text.
+    pub output: Option<serde_json::Value>,
+    /// The error when not ok.
+    pub error: Option<ToolError>,
+    /// Exit code of the tool, when it exited.
+    pub exit_code: Option<i32>,
+    /// Signal that killed the tool, when one did.
+    pub signal: Option<i32>,
+    /// Captured stdout (lossy UTF-8), bounded.
+    pub stdout: String,
+    /// Captured stderr (lossy UTF-8), bounded.
+    pub stderr: String,
+    /// stdout was cut at the limit.
+    pub stdout_truncated: bool,
+    /// stderr was cut at the limit.
+    pub stderr_truncated: bool,
+    /// Wall-clock duration, milliseconds.
+    pub duration_ms: u64,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Resource usage.
+    pub usage: Usage,
+    /// Isolation applied.
+    pub isolation: Isolation,
+}
+
+impl ToolResult {
+    /// A failed result that never reached a sandbox.
+    pub fn rejected(call_id: &str, tool: &str, error: ToolError) -> Self {
+        Self {
+            call_id: call_id.to_string(),
+            tool: tool.to_string(),
+            ok: false,
+            output: None,
+            error: Some(error),
+            exit_code: None,
+            signal: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_ms: 0,
+            attempts: 0,
+            usage: Usage::default(),
+            isolation: Isolation::default(),
+        }
+    }
+}

@@ -1,0 +1,464 @@
+//! One sandboxed run, start to finish: cgroup, spawn, handshake, confine, run, deadline,
+//! kill, reap, account, clean up — and the single [`ToolResult`] that says what happened.
+//!
+//! The supervisor trusts its own clock (deadline), the cgroup counters (OOM, pids, peak
+//! memory) and the wait status of the worker; the worker only reports what the tool
+//! printed and how it exited.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use airlock_policy::CompiledProfile;
+use airlock_protocol::{
+    AppliedIsolation, ExitStatus, PROTOCOL_VERSION, RunRequest, SetupFailure, StdioMode, SupervisorMessage,
+    ToolExit, WorkerMessage,
+};
+
+use crate::cancel::CancelSignal;
+use crate::cgroup::{CgroupLimits, CgroupParent, CgroupStats, WorkerCgroup};
+use crate::channel::{ChannelError, WorkerChannel};
+use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
+use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawned, Spawner, WorkerImage};
+use crate::sys;
+
+/// Why a supervisor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    /// Building the worker image or the spawner failed.
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    /// This process cannot be made a child subreaper.
+    #[error("cannot become a child subreaper: {0}")]
+    Subreaper(std::io::Error),
+}
+
+/// Options of a [`Supervisor`].
+#[derive(Debug, Clone, Default)]
+pub struct SupervisorOptions {
+    /// Host uid (and gid) of the sandbox's root when running as host root (default 65534).
+    pub sandbox_host_id: Option<u32>,
+    /// A delegated cgroup parent instead of detecting our own cgroup.
+    pub cgroup_parent: Option<CgroupParent>,
+}
+
+/// Starts sandboxes. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Supervisor {
+    spawner: Spawner,
+    cgroups: Result<CgroupParent, String>,
+    counter: AtomicU64,
+}
+
+/// One run to perform.
+#[derive(Debug)]
+pub struct SandboxRun {
+    /// Call id for the result.
+    pub call_id: String,
+    /// Tool name for the result (`exec` for commands).
+    pub tool: String,
+    /// The compiled profile.
+    pub profile: Arc<CompiledProfile>,
+    /// argv (absolute, or resolved in the sandbox PATH).
+    pub argv: Vec<String>,
+    /// stdin bytes (captured mode).
+    pub stdin: Vec<u8>,
+    /// Validated arguments as JSON text.
+    pub arguments_json: String,
+    /// Deadline of the run.
+    pub timeout: Duration,
+    /// `Some` passes these descriptors through as the tool's stdin, stdout, stderr.
+    pub inherit_stdio: Option<[OwnedFd; 3]>,
+}
+
+/// What the worker conversation produced.
+enum Conversation {
+    Finished { applied: AppliedIsolation, report: WorkerMessage },
+    SetupFailed { failure: SetupFailure },
+    Broken(ChannelError),
+    TimedOut { applied: Option<AppliedIsolation> },
+    Cancelled { applied: Option<AppliedIsolation> },
+}
+
+/// Kills the worker if the run is dropped midway (caller cancellation by drop).
+struct KillOnDrop<'a> {
+    pidfd: &'a OwnedFd,
+    armed: bool,
+}
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = sys::signal_pidfd(self.pidfd, libc::SIGKILL);
+        }
+    }
+}
+
+fn open_null() -> std::io::Result<OwnedFd> {
+    std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").map(OwnedFd::from)
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Supervisor {
+    /// Seals the worker image, starts the spawner, detects cgroups, becomes a subreaper.
+    pub fn start(options: SupervisorOptions) -> Result<Self, SupervisorError> {
+        sys::become_child_subreaper().map_err(SupervisorError::Subreaper)?;
+        let image = WorkerImage::seal_current_executable()?;
+        let spawner = Spawner::start(image, IdMapping::for_this_process(options.sandbox_host_id))?;
+        let cgroups = match options.cgroup_parent {
+            Some(parent) => Ok(parent),
+            None => CgroupParent::detect().map_err(|e| e.to_string()),
+        };
+        Ok(Self { spawner, cgroups, counter: AtomicU64::new(0) })
+    }
+
+    /// The cgroup parent, or why there is none.
+    pub fn cgroups(&self) -> Result<&CgroupParent, &str> {
+        self.cgroups.as_ref().map_err(String::as_str)
+    }
+
+    /// Runs `run` in a fresh sandbox and returns its result. `cancel` ends it early.
+    pub async fn run(&self, run: SandboxRun, cancel: Option<&CancelSignal>) -> ToolResult {
+        let started = Instant::now();
+        let profile = Arc::clone(&run.profile);
+        let limits = AppliedLimits {
+            memory_bytes: profile.limits.memory_bytes,
+            pids: profile.limits.pids,
+            timeout_ms: duration_ms(run.timeout),
+            output_bytes: profile.limits.output_bytes,
+        };
+        let mut result = ToolResult::rejected(&run.call_id, &run.tool, ToolError::new(ErrorKind::SandboxUnavailable, ""));
+        result.attempts = 1;
+        result.isolation.limits = limits;
+
+        // cgroup first: the worker joins it before it does anything.
+        let cgroup = match self.create_cgroup(&profile) {
+            Ok(cgroup) => cgroup,
+            Err(error) => {
+                result.error = Some(error);
+                result.duration_ms = duration_ms(started.elapsed());
+                return result;
+            }
+        };
+        result.isolation.cgroup = cgroup.as_ref().map(|c| c.version().to_string());
+
+        let outcome = self.spawn_and_converse(&run, cgroup.as_ref(), started, cancel).await;
+        let (conversation, spawned) = match outcome {
+            Ok(pair) => pair,
+            Err(error) => {
+                if let Some(cgroup) = cgroup {
+                    let _ = cgroup.remove();
+                }
+                result.error = Some(error);
+                result.duration_ms = duration_ms(started.elapsed());
+                return result;
+            }
+        };
+
+        // Single-use worker: whatever happened, it and everything it started die now.
+        if let Some(cgroup) = &cgroup {
+            let _ = cgroup.kill_all();
+        }
+        let _ = sys::signal_pidfd(&spawned.pidfd, libc::SIGKILL);
+        wait_for_exit(&spawned.pidfd).await;
+        let stats = cgroup.as_ref().and_then(|c| c.read_stats().ok());
+        if let Some(cgroup) = cgroup {
+            if let Err(e) = cgroup.remove() {
+                tracing::warn!(error = %e, "cgroup left behind");
+            }
+        }
+        result.duration_ms = duration_ms(started.elapsed());
+        finish_result(&mut result, conversation, stats.as_ref(), &profile, &run);
+        result
+    }
+
+    fn create_cgroup(&self, profile: &CompiledProfile) -> Result<Option<WorkerCgroup>, ToolError> {
+        let required = profile.require.cgroup == airlock_protocol::Requirement::Required;
+        let parent = match &self.cgroups {
+            Ok(parent) => parent,
+            Err(why) if required => {
+                return Err(ToolError {
+                    step: Some("cgroup".into()),
+                    ..ToolError::new(ErrorKind::SandboxUnavailable, format!("cgroup limits are required but unavailable: {why}; run `airlock doctor`, or set require.cgroup = \"best_effort\""))
+                });
+            }
+            Err(_) => return Ok(None),
+        };
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let name = format!("airlock-{}-{n}", std::process::id());
+        let limits = CgroupLimits {
+            memory_bytes: profile.limits.memory_bytes,
+            pids: profile.limits.pids,
+            cpu_quota: None,
+        };
+        match parent.create_worker_cgroup(&name, &limits) {
+            Ok(cgroup) => Ok(Some(cgroup)),
+            Err(e) if required => Err(ToolError {
+                step: Some("cgroup".into()),
+                ..ToolError::new(ErrorKind::SandboxUnavailable, format!("cannot create the worker's cgroup: {e}"))
+            }),
+            Err(_) => Ok(None),
+        }
+    }
+
+    async fn spawn_and_converse(
+        &self,
+        run: &SandboxRun,
+        cgroup: Option<&WorkerCgroup>,
+        started: Instant,
+        cancel: Option<&CancelSignal>,
+    ) -> Result<(Conversation, Spawned), ToolError> {
+        let unavailable = |step: &str, message: String| ToolError {
+            step: Some(step.to_string()),
+            ..ToolError::new(ErrorKind::SandboxUnavailable, message)
+        };
+        let stdio_mode = if run.inherit_stdio.is_some() { StdioMode::Inherit } else { StdioMode::Capture };
+        let stdio = match &run.inherit_stdio {
+            Some(fds) => {
+                let dup = |fd: &OwnedFd| fd.as_fd().try_clone_to_owned();
+                [dup(&fds[0]), dup(&fds[1]), dup(&fds[2])]
+            }
+            None => [open_null(), open_null(), open_null()],
+        };
+        let [a, b, c] = stdio;
+        let stdio = match (a, b, c) {
+            (Ok(a), Ok(b), Ok(c)) => [a, b, c],
+            _ => return Err(unavailable("stdio", "cannot prepare the worker's stdio".into())),
+        };
+        let (join_cgroups, cgroup_dir) = match cgroup {
+            Some(cg) => {
+                let dir = cg.open_dir_v2().map_err(|e| unavailable("cgroup", e.to_string()))?;
+                let procs = if dir.is_some() { Vec::new() } else { cg.open_procs_files().map_err(|e| unavailable("cgroup", e.to_string()))? };
+                (procs, dir)
+            }
+            None => (Vec::new(), None),
+        };
+        let spawned = self
+            .spawner
+            .spawn(SpawnRequest { stdio, join_cgroups, cgroup_dir })
+            .await
+            .map_err(|e| unavailable("spawn", error_chain(&e)))?;
+
+        let mut guard = KillOnDrop { pidfd: &spawned.pidfd, armed: true };
+        let stream = spawned
+            .socket
+            .try_clone()
+            .map_err(|e| unavailable("spawn", e.to_string()))
+            .and_then(|fd| {
+                let std_stream = std::os::unix::net::UnixStream::from(fd);
+                std_stream.set_nonblocking(true).map_err(|e| unavailable("spawn", e.to_string()))?;
+                tokio::net::UnixStream::from_std(std_stream).map_err(|e| unavailable("spawn", e.to_string()))
+            })?;
+        // Worker reports carry at most two bounded outputs plus small fields.
+        let max_frame = usize::try_from(run.profile.limits.output_bytes).unwrap_or(usize::MAX).saturating_mul(2).saturating_add(64 << 10);
+        let mut channel = WorkerChannel::new(stream, max_frame);
+        let request = RunRequest {
+            call_id: run.call_id.clone(),
+            tool: run.tool.clone(),
+            argv: run.argv.clone(),
+            stdin: run.stdin.clone(),
+            arguments_json: run.arguments_json.clone(),
+            output_limit_bytes: run.profile.limits.output_bytes,
+            stdio: stdio_mode,
+        };
+        let deadline = tokio::time::Instant::from_std(started + run.timeout);
+        let mut applied_seen: Option<AppliedIsolation> = None;
+        let conversation = {
+            let talk = converse(&mut channel, &run.profile, request, &mut applied_seen);
+            tokio::pin!(talk);
+            let cancelled = async {
+                match cancel {
+                    Some(signal) => signal.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                outcome = &mut talk => outcome,
+                () = tokio::time::sleep_until(deadline) => Conversation::TimedOut { applied: None },
+                () = cancelled => Conversation::Cancelled { applied: None },
+            }
+        };
+        let conversation = match conversation {
+            Conversation::TimedOut { .. } => Conversation::TimedOut { applied: applied_seen },
+            Conversation::Cancelled { .. } => Conversation::Cancelled { applied: applied_seen },
+            other => other,
+        };
+        let _ = channel.send(&SupervisorMessage::Shutdown).await;
+        guard.armed = false;
+        drop(guard);
+        Ok((conversation, spawned))
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// The protocol, in order: hello, setup, ready, run, report.
+async fn converse(
+    channel: &mut WorkerChannel,
+    profile: &CompiledProfile,
+    request: RunRequest,
+    applied_seen: &mut Option<AppliedIsolation>,
+) -> Conversation {
+    let violation = |what: String| Conversation::Broken(ChannelError::Violation(what));
+    match channel.receive().await {
+        Ok(WorkerMessage::Hello { version }) if version == PROTOCOL_VERSION => {}
+        Ok(WorkerMessage::Hello { version }) => return violation(format!("worker speaks protocol {version}, we speak {PROTOCOL_VERSION}")),
+        Ok(other) => return violation(format!("expected Hello, got {}", other.name())),
+        Err(e) => return Conversation::Broken(e),
+    }
+    if let Err(e) = channel.send(&SupervisorMessage::Hello { version: PROTOCOL_VERSION }).await {
+        return Conversation::Broken(e);
+    }
+    if let Err(e) = channel.send(&SupervisorMessage::Setup(Box::new(profile.spec.clone()))).await {
+        return Conversation::Broken(e);
+    }
+    let applied = match channel.receive().await {
+        Ok(WorkerMessage::Ready(applied)) => applied,
+        Ok(WorkerMessage::SetupFailed(failure)) => return Conversation::SetupFailed { failure },
+        Ok(other) => return violation(format!("expected Ready, got {}", other.name())),
+        Err(e) => return Conversation::Broken(e),
+    };
+    *applied_seen = Some(applied.clone());
+    if let Err(e) = channel.send(&SupervisorMessage::Run(request)).await {
+        return Conversation::Broken(e);
+    }
+    match channel.receive().await {
+        Ok(report @ (WorkerMessage::Exited(_) | WorkerMessage::RunFailed { .. })) => Conversation::Finished { applied, report },
+        Ok(other) => violation(format!("expected Exited, got {}", other.name())),
+        Err(e) => Conversation::Broken(e),
+    }
+}
+
+/// Waits until the worker (already sent SIGKILL) has exited and is reaped.
+async fn wait_for_exit(pidfd: &OwnedFd) {
+    // A pidfd becomes readable when the process exits.
+    let registered = pidfd.try_clone().ok().and_then(|fd| sys::register_async_fd(fd).ok());
+    if let Some(async_fd) = &registered {
+        let _ = tokio::time::timeout(Duration::from_secs(5), async_fd.readable()).await;
+    }
+    for _ in 0..5000 {
+        match sys::try_reap_pidfd(pidfd) {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+    }
+    tracing::warn!("worker did not exit within 5 s of SIGKILL");
+}
+
+fn apply_isolation(isolation: &mut Isolation, applied: &AppliedIsolation, profile: &CompiledProfile) {
+    isolation.namespaces = applied.namespaces.clone();
+    isolation.landlock_abi = applied.landlock_abi;
+    isolation.landlock = match (applied.landlock_abi, applied.landlock_fully_enforced) {
+        (0, _) => LandlockLevel::None,
+        (_, true) => LandlockLevel::Full,
+        (_, false) => LandlockLevel::Partial,
+    };
+    isolation.seccomp = applied.seccomp_installed.then(|| profile.spec.seccomp.digest.clone());
+}
+
+fn finish_result(
+    result: &mut ToolResult,
+    conversation: Conversation,
+    stats: Option<&CgroupStats>,
+    profile: &CompiledProfile,
+    run: &SandboxRun,
+) {
+    result.usage.peak_memory_bytes = stats.and_then(|s| s.peak_memory_bytes);
+    let oom = stats.is_some_and(|s| s.oom_kills > 0);
+    let pids_hit = stats.is_some_and(|s| s.pids_limit_hits > 0);
+    let oom_error = || ToolError::new(ErrorKind::OutOfMemory, format!("the memory limit of {} bytes was reached", profile.limits.memory_bytes));
+    match conversation {
+        Conversation::Finished { applied, report } => {
+            apply_isolation(&mut result.isolation, &applied, profile);
+            match report {
+                WorkerMessage::Exited(exit) => finish_exit(result, exit, oom, pids_hit, profile),
+                WorkerMessage::RunFailed { message, .. } => {
+                    result.error = Some(ToolError::new(ErrorKind::ToolFailed, message));
+                }
+                _ => {}
+            }
+        }
+        Conversation::SetupFailed { failure, .. } => {
+            let kind = ErrorKind::SandboxUnavailable;
+            result.error = Some(ToolError {
+                step: Some(failure.step.clone()),
+                ..ToolError::new(kind, format!("sandbox set-up failed at {}: {}", failure.step, failure.message))
+            });
+        }
+        Conversation::Broken(ChannelError::Closed) if oom => result.error = Some(oom_error()),
+        Conversation::Broken(error) => {
+            result.error = Some(ToolError::new(ErrorKind::ProtocolViolation, format!("worker killed: {error}")));
+        }
+        Conversation::TimedOut { applied } => {
+            if let Some(applied) = applied {
+                apply_isolation(&mut result.isolation, &applied, profile);
+            }
+            result.error = Some(ToolError {
+                timeout_ms: Some(duration_ms(run.timeout)),
+                ..ToolError::new(ErrorKind::Timeout, format!("deadline of {} ms passed; every process was killed", duration_ms(run.timeout)))
+            });
+        }
+        Conversation::Cancelled { applied } => {
+            if let Some(applied) = applied {
+                apply_isolation(&mut result.isolation, &applied, profile);
+            }
+            result.error = Some(ToolError::new(ErrorKind::Cancelled, "cancelled by the caller; every process was killed"));
+        }
+    }
+    result.ok = result.error.is_none();
+}
+
+fn finish_exit(result: &mut ToolResult, exit: ToolExit, oom: bool, pids_hit: bool, profile: &CompiledProfile) {
+    result.stdout = String::from_utf8_lossy(&exit.stdout).into_owned();
+    result.stderr = String::from_utf8_lossy(&exit.stderr).into_owned();
+    result.stdout_truncated = exit.stdout_truncated;
+    result.stderr_truncated = exit.stderr_truncated;
+    result.usage.cpu_ms = (exit.user_cpu_us.saturating_add(exit.system_cpu_us)) / 1000;
+    result.error = None;
+    match exit.status {
+        ExitStatus::Code(code) => {
+            result.exit_code = Some(code);
+            if oom {
+                result.error = Some(ToolError::new(ErrorKind::OutOfMemory, format!("the memory limit of {} bytes was reached", profile.limits.memory_bytes)));
+            } else if code != 0 {
+                let kind = if pids_hit { ErrorKind::PidsLimit } else { ErrorKind::ToolFailed };
+                let message = if pids_hit {
+                    format!("the process limit of {} was reached; the tool exited with code {code}", profile.limits.pids)
+                } else {
+                    format!("the tool exited with code {code}")
+                };
+                result.error = Some(ToolError::new(kind, message));
+            }
+        }
+        ExitStatus::Signal(signal) => {
+            result.signal = Some(signal);
+            result.error = Some(if oom {
+                ToolError::new(ErrorKind::OutOfMemory, format!("the memory limit of {} bytes was reached", profile.limits.memory_bytes))
+            } else if signal == libc::SIGSYS {
+                ToolError {
+                    syscall: Some("a syscall from a non-native architecture or the x32 ABI".into()),
+                    ..ToolError::new(ErrorKind::SeccompViolation, "the seccomp filter killed the tool (SIGSYS)")
+                }
+            } else if pids_hit {
+                ToolError::new(ErrorKind::PidsLimit, format!("the process limit of {} was reached", profile.limits.pids))
+            } else {
+                ToolError::new(ErrorKind::ToolFailed, format!("the tool was killed by signal {signal}"))
+            });
+        }
+    }
+    if result.error.is_none() {
+        result.output = Some(serde_json::Value::String(result.stdout.clone()));
+    }
+}

@@ -1,0 +1,285 @@
+//! Starting workers: the sealed worker image, and the long-lived spawner thread that clones
+//! workers into fresh namespaces and writes their uid/gid maps (the parent-side half of the
+//! handshake).
+//!
+//! The spawner is a dedicated thread because a worker's parent-death signal fires when the
+//! *thread* that created it exits: tokio's blocking threads come and go, this one lives as
+//! long as the supervisor.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::mpsc;
+
+use crate::sys::{self, CHILD_STEPS, ChildPlan};
+
+/// Why a worker could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// Building the sealed image failed.
+    #[error("cannot build the sealed worker image from {path}")]
+    Image {
+        /// Source binary.
+        path: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A set-up syscall in the parent failed.
+    #[error("cannot {operation}")]
+    Parent {
+        /// What failed.
+        operation: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// clone3 into new namespaces failed (user namespaces restricted, for example).
+    #[error("cannot create the worker's namespaces (clone3): {source}; see `airlock doctor`")]
+    Clone {
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing the uid/gid maps failed.
+    #[error("cannot write {file} of worker {pid}")]
+    IdMap {
+        /// Which file.
+        file: &'static str,
+        /// Worker pid.
+        pid: i32,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The child failed between clone and exec.
+    #[error("worker set-up failed at step '{step}' before exec")]
+    Child {
+        /// The step.
+        step: &'static str,
+        /// The errno.
+        #[source]
+        source: io::Error,
+    },
+    /// The spawner thread is gone.
+    #[error("the spawner thread has stopped")]
+    SpawnerGone,
+}
+
+impl SpawnError {
+    /// Whether retrying on a fresh worker could help (transient resource shortage).
+    pub fn is_transient(&self) -> bool {
+        let errno = match self {
+            SpawnError::Clone { source } | SpawnError::Parent { source, .. } | SpawnError::Child { source, .. } => source.raw_os_error(),
+            _ => None,
+        };
+        matches!(errno, Some(libc::EAGAIN) | Some(libc::ENOMEM))
+    }
+}
+
+/// The worker program, copied once into a sealed memfd: nothing a sandbox does can change
+/// what the next worker executes (runc CVE-2019-5736 class), and no per-spawn copy is made.
+#[derive(Debug)]
+pub struct WorkerImage {
+    fd: OwnedFd,
+}
+
+impl WorkerImage {
+    /// Copies `binary` (normally /proc/self/exe) into a sealed memfd.
+    pub fn seal_from(binary: &Path) -> Result<Self, SpawnError> {
+        let fail = |source| SpawnError::Image { path: binary.display().to_string(), source };
+        let fd = sys::create_executable_memfd(c"airlock-worker").map_err(fail)?;
+        let mut source = File::open(binary).map_err(fail)?;
+        let mut target = File::from(fd);
+        io::copy(&mut source, &mut target).map_err(fail)?;
+        let fd = OwnedFd::from(target);
+        sys::seal_memfd(&fd).map_err(fail)?;
+        Ok(Self { fd })
+    }
+
+    /// The current process's own binary, sealed.
+    pub fn seal_current_executable() -> Result<Self, SpawnError> {
+        Self::seal_from(Path::new("/proc/self/exe"))
+    }
+
+    /// The seals on the image (for tests and `doctor`).
+    pub fn seals(&self) -> io::Result<i32> {
+        sys::memfd_seals(&self.fd)
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Who the sandbox's uid 0 is on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdMapping {
+    /// Host uid of the sandbox's uid 0.
+    pub host_uid: u32,
+    /// Host gid of the sandbox's gid 0.
+    pub host_gid: u32,
+}
+
+/// Default host uid/gid for the sandbox root when the supervisor runs as host root.
+pub const DEFAULT_SANDBOX_HOST_ID: u32 = 65534;
+
+impl IdMapping {
+    /// Root supervisors map sandbox root to `DEFAULT_SANDBOX_HOST_ID` (or a configured
+    /// uid); unprivileged ones can only map their own ids.
+    pub fn for_this_process(configured: Option<u32>) -> Self {
+        let (uid, gid) = sys::effective_ids();
+        if uid == 0 {
+            let id = configured.unwrap_or(DEFAULT_SANDBOX_HOST_ID);
+            Self { host_uid: id, host_gid: id }
+        } else {
+            Self { host_uid: uid, host_gid: gid }
+        }
+    }
+}
+
+/// What the caller hands to the spawner for one worker.
+#[derive(Debug)]
+pub struct SpawnRequest {
+    /// Descriptors that become the worker's 0, 1, 2.
+    pub stdio: [OwnedFd; 3],
+    /// cgroup.procs files the child writes itself into (v1).
+    pub join_cgroups: Vec<OwnedFd>,
+    /// v2 cgroup directory for CLONE_INTO_CGROUP.
+    pub cgroup_dir: Option<OwnedFd>,
+}
+
+/// A started worker.
+#[derive(Debug)]
+pub struct Spawned {
+    /// Host pid.
+    pub pid: i32,
+    /// pidfd.
+    pub pidfd: OwnedFd,
+    /// The supervisor's end of the protocol socket.
+    pub socket: OwnedFd,
+}
+
+type Reply = tokio::sync::oneshot::Sender<Result<Spawned, SpawnError>>;
+
+/// Handle to the spawner thread.
+#[derive(Debug, Clone)]
+pub struct Spawner {
+    requests: mpsc::Sender<(SpawnRequest, Reply)>,
+}
+
+/// The fd number the worker's socket gets in the child: above stdio, predictable.
+const WORKER_SOCKET_ARG_NAME: &str = "__airlock_worker";
+
+impl Spawner {
+    /// Starts the spawner thread.
+    pub fn start(image: WorkerImage, mapping: IdMapping) -> Result<Self, SpawnError> {
+        let (requests, receiver) = mpsc::channel::<(SpawnRequest, Reply)>();
+        std::thread::Builder::new()
+            .name("airlock-spawner".into())
+            .spawn(move || {
+                while let Ok((request, reply)) = receiver.recv() {
+                    let _ = reply.send(spawn_worker(&image, mapping, request));
+                }
+            })
+            .map_err(|source| SpawnError::Parent { operation: "start the spawner thread", source })?;
+        Ok(Self { requests })
+    }
+
+    /// Starts one worker.
+    pub async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.requests.send((request, reply)).map_err(|_| SpawnError::SpawnerGone)?;
+        answer.await.map_err(|_| SpawnError::SpawnerGone)?
+    }
+}
+
+fn write_proc_file(pid: i32, file: &'static str, contents: &str) -> Result<(), SpawnError> {
+    let path = format!("/proc/{pid}/{file}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(contents.as_bytes()))
+        .map_err(|source| SpawnError::IdMap { file, pid, source })
+}
+
+/// Runs on the spawner thread: clone, map ids, release the child, learn whether it exec'd.
+fn spawn_worker(image: &WorkerImage, mapping: IdMapping, request: SpawnRequest) -> Result<Spawned, SpawnError> {
+    let parent = |operation| move |source| SpawnError::Parent { operation, source };
+    let (supervisor_end, worker_end) = sys::stream_socketpair().map_err(parent("create the protocol socketpair"))?;
+    let (maps_read, maps_write) = sys::cloexec_pipe().map_err(parent("create the handshake pipe"))?;
+    let (report_read, report_write) = sys::cloexec_pipe().map_err(parent("create the report pipe"))?;
+
+    let argv_strings = [
+        CString::new("airlock-worker"),
+        CString::new(WORKER_SOCKET_ARG_NAME),
+        CString::new(worker_end.as_raw_fd().to_string()),
+    ]
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()
+    .map_err(|e| SpawnError::Parent { operation: "build the worker argv", source: io::Error::other(e) })?;
+    let argv = sys::pointer_array(&argv_strings);
+    let envp = sys::pointer_array(&[]);
+    let join: Vec<RawFd> = request.join_cgroups.iter().map(AsRawFd::as_raw_fd).collect();
+    let plan = ChildPlan {
+        image: image.raw(),
+        argv: &argv,
+        envp: &envp,
+        join_cgroups: &join,
+        maps_written: maps_read.as_raw_fd(),
+        stdio: [request.stdio[0].as_raw_fd(), request.stdio[1].as_raw_fd(), request.stdio[2].as_raw_fd()],
+        socket: worker_end.as_raw_fd(),
+        report: report_write.as_raw_fd(),
+    };
+    let cloned = sys::clone_worker(&plan, request.cgroup_dir.as_ref().map(AsRawFd::as_raw_fd))
+        .map_err(|source| SpawnError::Clone { source })?;
+    drop(worker_end);
+    drop(maps_read);
+    drop(report_write);
+
+    // Parent-side half of the handshake: sandbox root is an unprivileged host id; setgroups
+    // is denied so the sandbox cannot drop supplementary groups to dodge group-deny ACLs.
+    let maps = write_proc_file(cloned.pid, "setgroups", "deny")
+        .and_then(|()| write_proc_file(cloned.pid, "uid_map", &format!("0 {} 1\n", mapping.host_uid)))
+        .and_then(|()| write_proc_file(cloned.pid, "gid_map", &format!("0 {} 1\n", mapping.host_gid)));
+    if let Err(e) = maps {
+        let _ = sys::signal_pidfd(&cloned.pidfd, libc::SIGKILL);
+        reap_blocking(&cloned.pidfd);
+        return Err(e);
+    }
+    let mut release = File::from(maps_write);
+    let _ = release.write_all(&[1]);
+    drop(release);
+
+    // The report pipe closes at exec (close-on-exec) or carries the failed step.
+    let mut report = [0u8; 5];
+    let mut reader = File::from(report_read);
+    let mut got = 0;
+    while got < report.len() {
+        match reader.read(&mut report[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    if got == report.len() {
+        reap_blocking(&cloned.pidfd);
+        let step = CHILD_STEPS.get(usize::from(report[0])).copied().unwrap_or("unknown");
+        let errno = i32::from_ne_bytes([report[1], report[2], report[3], report[4]]);
+        return Err(SpawnError::Child { step, source: io::Error::from_raw_os_error(errno) });
+    }
+    Ok(Spawned { pid: cloned.pid, pidfd: cloned.pidfd, socket: supervisor_end })
+}
+
+/// Waits (blocking, on the spawner thread) for a child that is known to be exiting.
+fn reap_blocking(pidfd: &OwnedFd) {
+    for _ in 0..1000 {
+        match sys::try_reap_pidfd(pidfd) {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    }
+}
