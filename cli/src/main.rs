@@ -4,7 +4,16 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use airlock_policy::{Diagnostic, PolicyError, Severity, load_policy_file, presets};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use airlock::{
+    ErrorKind, SandboxRun, Supervisor, SupervisorOptions, ToolCall, ToolResult, call_tool,
+};
+use airlock_policy::{
+    CompiledPolicy, Diagnostic, LoadedPolicy, PolicyError, Severity, load_policy_file,
+    load_policy_str, presets, units,
+};
 use clap::{Parser, Subcommand};
 
 /// airlock: a sandbox driver and supervisor for AI agents' tool calls.
@@ -28,6 +37,58 @@ enum Command {
     },
     /// Print the JSON Schema of the policy file format (for editors).
     Schema,
+    /// Run a command in a sandbox profile; stdio passes through, its exit code is ours.
+    ///
+    /// Exit codes: the command's own; 128+N if it died of signal N; 124 timeout; 125 sandbox
+    /// set-up failure or bad usage; 126 cannot execute; 127 not found; 120 out of memory;
+    /// 121 process limit; 122 seccomp violation; 123 protocol violation or cancelled.
+    Exec {
+        /// Policy file (default: the embedded default policy).
+        #[arg(long, conflicts_with = "preset")]
+        policy: Option<PathBuf>,
+        /// Embedded preset to use instead of a file.
+        #[arg(long)]
+        preset: Option<String>,
+        /// Profile name.
+        #[arg(long, default_value = "default")]
+        profile: String,
+        /// Override the profile's deadline (e.g. 10s).
+        #[arg(long)]
+        timeout: Option<String>,
+        /// Override the profile's memory limit (e.g. 128MiB).
+        #[arg(long)]
+        memory: Option<String>,
+        /// Capture output and print the result record as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Host uid of the sandbox's root when running as root (default 65534).
+        #[arg(long)]
+        sandbox_uid: Option<u32>,
+        /// The command and its arguments.
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+    /// Run one tool call and print its result record; exit 0 iff ok.
+    Run {
+        /// Policy file (default: the embedded `examples` preset).
+        #[arg(long, conflicts_with = "preset")]
+        policy: Option<PathBuf>,
+        /// Embedded preset to use instead of a file.
+        #[arg(long)]
+        preset: Option<String>,
+        /// Tool name.
+        #[arg(long)]
+        tool: String,
+        /// Arguments as JSON text, or @FILE to read them from a file.
+        #[arg(long)]
+        input: String,
+        /// Call id echoed in the result (default: a random one).
+        #[arg(long)]
+        call_id: Option<String>,
+        /// Host uid of the sandbox's root when running as root (default 65534).
+        #[arg(long)]
+        sandbox_uid: Option<u32>,
+    },
     /// Print an embedded preset policy (`default`, `examples`).
     Preset {
         /// Preset name; omit to list them.
@@ -119,10 +180,216 @@ fn run_check(files: &[PathBuf], json: bool) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Loads a policy file, or an embedded preset (`fallback` when neither is given).
+fn load_policy(
+    file: Option<&PathBuf>,
+    preset: Option<&str>,
+    fallback: &str,
+) -> anyhow::Result<LoadedPolicy> {
+    let loaded = match file {
+        Some(path) => load_policy_file(path),
+        None => {
+            let name = preset.unwrap_or(fallback);
+            let text = presets::preset_text(name)
+                .ok_or_else(|| anyhow::anyhow!("no preset named {name:?}; see `airlock preset`"))?;
+            load_policy_str(text, &format!("preset:{name}"))
+        }
+    };
+    match loaded {
+        Ok(loaded) => Ok(loaded),
+        Err(PolicyError::Invalid { diagnostics, file }) => {
+            for d in &diagnostics {
+                eprintln!("{d}");
+            }
+            Err(anyhow::anyhow!("policy {file} is invalid"))
+        }
+        Err(other) => Err(other.into()),
+    }
+}
+
+fn random_call_id() -> String {
+    let mut bytes = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut bytes);
+    }
+    format!(
+        "call-{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
+
+/// Exit status of `airlock exec` for a result (documented on the subcommand).
+fn exec_exit_code(result: &ToolResult) -> u8 {
+    let clamp = |code: i32| u8::try_from(code.clamp(0, 255)).unwrap_or(255);
+    match result.error.as_ref().map(|e| e.kind) {
+        None => clamp(result.exit_code.unwrap_or(0)),
+        Some(ErrorKind::ToolFailed) => match (result.exit_code, result.signal) {
+            (Some(code), _) => clamp(code),
+            (None, Some(signal)) => clamp(128 + signal),
+            (None, None) => {
+                let missing = result
+                    .error
+                    .as_ref()
+                    .is_some_and(|e| e.message.contains("No such file"));
+                if missing { 127 } else { 126 }
+            }
+        },
+        Some(ErrorKind::Timeout) => 124,
+        Some(ErrorKind::OutOfMemory) => 120,
+        Some(ErrorKind::PidsLimit) => 121,
+        Some(ErrorKind::SeccompViolation) => 122,
+        Some(ErrorKind::ProtocolViolation | ErrorKind::Cancelled) => 123,
+        Some(_) => 125,
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_exec(
+    policy: &CompiledPolicy,
+    profile: &str,
+    timeout: Option<&str>,
+    memory: Option<&str>,
+    json: bool,
+    sandbox_uid: Option<u32>,
+    command: Vec<String>,
+) -> anyhow::Result<ExitCode> {
+    let mut profile = policy
+        .profiles
+        .get(profile)
+        .map(|p| (**p).clone())
+        .ok_or_else(|| anyhow::anyhow!("no profile named {profile:?} in the policy"))?;
+    let timeout = match timeout {
+        Some(t) => units::parse_duration(t).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?,
+        None => profile.limits.timeout,
+    };
+    if let Some(m) = memory {
+        profile.limits.memory_bytes =
+            units::parse_size(m).map_err(|e| anyhow::anyhow!("--memory: {e}"))?;
+    }
+    let inherit_stdio = if json {
+        None
+    } else {
+        let dup = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned();
+        let stdio: [OwnedFd; 3] = [
+            dup(std::io::stdin().as_fd())?,
+            dup(std::io::stdout().as_fd())?,
+            dup(std::io::stderr().as_fd())?,
+        ];
+        Some(stdio)
+    };
+    let runtime = runtime()?;
+    let result = runtime.block_on(async {
+        let supervisor = Supervisor::start(SupervisorOptions {
+            sandbox_host_id: sandbox_uid,
+            ..Default::default()
+        })?;
+        let run = SandboxRun {
+            call_id: random_call_id(),
+            tool: "exec".into(),
+            profile: Arc::new(profile),
+            argv: command,
+            stdin: Vec::new(),
+            arguments_json: "{}".into(),
+            timeout,
+            inherit_stdio,
+        };
+        anyhow::Ok(supervisor.run(run, None).await)
+    })?;
+    if json {
+        write_stdout(&format!("{}\n", serde_json::to_string_pretty(&result)?))?;
+    } else if let Some(error) = &result.error {
+        eprintln!(
+            "airlock: {}: {}",
+            serde_json::to_string(&error.kind)?.trim_matches('"'),
+            error.message
+        );
+    }
+    Ok(ExitCode::from(exec_exit_code(&result)))
+}
+
+fn run_tool(
+    policy: &CompiledPolicy,
+    tool: String,
+    input: &str,
+    call_id: Option<String>,
+    sandbox_uid: Option<u32>,
+) -> anyhow::Result<ExitCode> {
+    let arguments = match input.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read --input file {path}: {e}"))?,
+        None => input.to_string(),
+    };
+    let call = ToolCall {
+        call_id: call_id.unwrap_or_else(random_call_id),
+        tool,
+        arguments,
+    };
+    let runtime = runtime()?;
+    let result = runtime.block_on(async {
+        let supervisor = Supervisor::start(SupervisorOptions {
+            sandbox_host_id: sandbox_uid,
+            ..Default::default()
+        })?;
+        anyhow::Ok(call_tool(&supervisor, policy, &call, None).await)
+    })?;
+    write_stdout(&format!("{}\n", serde_json::to_string_pretty(&result)?))?;
+    Ok(if result.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
 fn main() -> ExitCode {
+    // The worker entry hook: the sealed image of this binary is exec'd with this argument
+    // inside fresh namespaces. It must run before anything starts a thread.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(airlock_worker::WORKER_ARG) {
+        let code = airlock_worker::worker_main(&args[2..]);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { files, json } => run_check(&files, json),
+        Command::Exec {
+            policy,
+            preset,
+            profile,
+            timeout,
+            memory,
+            json,
+            sandbox_uid,
+            command,
+        } => load_policy(policy.as_ref(), preset.as_deref(), presets::DEFAULT_PRESET).and_then(
+            |loaded| {
+                run_exec(
+                    &loaded.policy,
+                    &profile,
+                    timeout.as_deref(),
+                    memory.as_deref(),
+                    json,
+                    sandbox_uid,
+                    command,
+                )
+            },
+        ),
+        Command::Run {
+            policy,
+            preset,
+            tool,
+            input,
+            call_id,
+            sandbox_uid,
+        } => load_policy(policy.as_ref(), preset.as_deref(), "examples")
+            .and_then(|loaded| run_tool(&loaded.policy, tool, &input, call_id, sandbox_uid)),
         Command::Schema => write_stdout(presets::POLICY_FILE_SCHEMA).map(|()| ExitCode::SUCCESS),
         Command::Preset { name: None } => {
             let names: String = presets::PRESETS
@@ -142,7 +409,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(error) => {
             eprintln!("airlock: error: {error:#}");
-            ExitCode::from(2)
+            ExitCode::from(125)
         }
     }
 }
