@@ -745,12 +745,13 @@ fn check_tool(
         strict_objects,
     );
     if let Some(schema) = &input_schema
-        && schema.get("type").and_then(Value::as_str) != Some("object") {
-            c.error(
-                file.input.span(),
-                format!("tool {tool_name}: input schema must have type = \"object\""),
-            );
-        }
+        && schema.get("type").and_then(Value::as_str) != Some("object")
+    {
+        c.error(
+            file.input.span(),
+            format!("tool {tool_name}: input schema must have type = \"object\""),
+        );
+    }
     let output_schema = file.output.as_ref().and_then(|o| {
         check_schema(
             c,
@@ -874,15 +875,16 @@ fn check_tool(
         .unwrap_or(defaults::TIMEOUT);
 
     if let (Some(profile), SideEffect::Read) = (profile, side_effect)
-        && !profile.write.is_empty() {
-            c.warning(
-                name.span(),
-                format!(
-                    "tool {tool_name} is declared read-only but profile {} has write paths",
-                    profile.name
-                ),
-            );
-        }
+        && !profile.write.is_empty()
+    {
+        c.warning(
+            name.span(),
+            format!(
+                "tool {tool_name} is declared read-only but profile {} has write paths",
+                profile.name
+            ),
+        );
+    }
 
     let after = c
         .diagnostics

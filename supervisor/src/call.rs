@@ -27,29 +27,64 @@ fn invalid_input(error: InputError) -> ToolError {
         InputError::Schema { violations } => Some(
             violations
                 .iter()
-                .map(|v| InputViolation { path: v.path.clone(), keyword: v.keyword.clone(), message: v.message.clone() })
+                .map(|v| InputViolation {
+                    path: v.path.clone(),
+                    keyword: v.keyword.clone(),
+                    message: v.message.clone(),
+                })
                 .collect(),
         ),
         _ => None,
     };
-    ToolError { violations, ..ToolError::new(ErrorKind::InvalidInput, error.to_string()) }
+    ToolError {
+        violations,
+        ..ToolError::new(ErrorKind::InvalidInput, error.to_string())
+    }
 }
 
 /// Runs one tool call under `policy`.
-pub async fn call_tool(supervisor: &Supervisor, policy: &CompiledPolicy, call: &ToolCall, cancel: Option<&CancelSignal>) -> ToolResult {
+pub async fn call_tool(
+    supervisor: &Supervisor,
+    policy: &CompiledPolicy,
+    call: &ToolCall,
+    cancel: Option<&CancelSignal>,
+) -> ToolResult {
     let Some(tool) = policy.tools.get(&call.tool) else {
-        return ToolResult::rejected(&call.call_id, &call.tool, ToolError::new(ErrorKind::UnknownTool, format!("no tool named {:?}", call.tool)));
+        return ToolResult::rejected(
+            &call.call_id,
+            &call.tool,
+            ToolError::new(
+                ErrorKind::UnknownTool,
+                format!("no tool named {:?}", call.tool),
+            ),
+        );
     };
-    let input = match tool.input.check_text(&call.arguments, InputLimits::default()) {
+    let input = match tool
+        .input
+        .check_text(&call.arguments, InputLimits::default())
+    {
         Ok(value) => value,
         Err(e) => return ToolResult::rejected(&call.call_id, &call.tool, invalid_input(e)),
     };
     let argv = match tool.render_argv(&input) {
         Ok(argv) => argv,
-        Err(e) => return ToolResult::rejected(&call.call_id, &call.tool, ToolError::new(ErrorKind::InvalidInput, e.to_string())),
+        Err(e) => {
+            return ToolResult::rejected(
+                &call.call_id,
+                &call.tool,
+                ToolError::new(ErrorKind::InvalidInput, e.to_string()),
+            );
+        }
     };
     let Some(profile) = policy.profiles.get(&tool.tool.profile) else {
-        return ToolResult::rejected(&call.call_id, &call.tool, ToolError::new(ErrorKind::SandboxUnavailable, "the tool's profile is missing"));
+        return ToolResult::rejected(
+            &call.call_id,
+            &call.tool,
+            ToolError::new(
+                ErrorKind::SandboxUnavailable,
+                "the tool's profile is missing",
+            ),
+        );
     };
     let run = SandboxRun {
         call_id: call.call_id.clone(),
@@ -64,12 +99,21 @@ pub async fn call_tool(supervisor: &Supervisor, policy: &CompiledPolicy, call: &
     let mut result = supervisor.run(run, cancel).await;
     if result.ok {
         if let Some(output_schema) = &tool.output {
-            match output_schema.check_text(&result.stdout, InputLimits { max_bytes: usize::MAX, ..InputLimits::default() }) {
+            match output_schema.check_text(
+                &result.stdout,
+                InputLimits {
+                    max_bytes: usize::MAX,
+                    ..InputLimits::default()
+                },
+            ) {
                 Ok(value) => result.output = Some(value),
                 Err(e) => {
                     result.ok = false;
                     result.output = None;
-                    result.error = Some(ToolError::new(ErrorKind::OutputInvalid, format!("output {}", e.to_string().trim_start_matches("input "))));
+                    result.error = Some(ToolError::new(
+                        ErrorKind::OutputInvalid,
+                        format!("output {}", e.to_string().trim_start_matches("input ")),
+                    ));
                 }
             }
         }

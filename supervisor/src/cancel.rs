@@ -20,7 +20,9 @@ impl Default for CancelSignal {
 impl CancelSignal {
     /// A fresh, untriggered signal.
     pub fn new() -> Self {
-        Self { sender: Arc::new(watch::channel(false).0) }
+        Self {
+            sender: Arc::new(watch::channel(false).0),
+        }
     }
 
     /// Cancels every call watching this signal.

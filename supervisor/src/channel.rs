@@ -38,12 +38,19 @@ pub struct WorkerChannel {
 impl WorkerChannel {
     /// Wraps the supervisor's end; frames from the worker above `max_frame_bytes` are refused.
     pub fn new(stream: UnixStream, max_frame_bytes: usize) -> Self {
-        Self { stream, decoder: FrameDecoder::with_max_frame_bytes(max_frame_bytes), pending: Vec::new(), logs: 0 }
+        Self {
+            stream,
+            decoder: FrameDecoder::with_max_frame_bytes(max_frame_bytes),
+            pending: Vec::new(),
+            logs: 0,
+        }
     }
 
     /// Sends one message.
     pub async fn send(&mut self, message: &SupervisorMessage) -> Result<(), ChannelError> {
-        let frame = encode_frame(message).map_err(|e| ChannelError::Violation(format!("cannot encode {}: {e}", message.name())))?;
+        let frame = encode_frame(message).map_err(|e| {
+            ChannelError::Violation(format!("cannot encode {}: {e}", message.name()))
+        })?;
         self.stream.write_all(&frame).await?;
         Ok(())
     }

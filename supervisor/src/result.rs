@@ -87,7 +87,15 @@ pub struct ToolError {
 impl ToolError {
     /// An error with only a kind and message.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into(), violations: None, syscall: None, step: None, timeout_ms: None, rule: None }
+        Self {
+            kind,
+            message: message.into(),
+            violations: None,
+            syscall: None,
+            step: None,
+            timeout_ms: None,
+            rule: None,
+        }
     }
 }
 
@@ -144,7 +152,14 @@ pub struct Isolation {
 
 impl Default for Isolation {
     fn default() -> Self {
-        Self { namespaces: Vec::new(), landlock_abi: 0, landlock: LandlockLevel::None, seccomp: None, cgroup: None, limits: AppliedLimits::default() }
+        Self {
+            namespaces: Vec::new(),
+            landlock_abi: 0,
+            landlock: LandlockLevel::None,
+            seccomp: None,
+            cgroup: None,
+            limits: AppliedLimits::default(),
+        }
     }
 }
 

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use airlock_policy::CompiledProfile;
 use airlock_protocol::{
-    AppliedIsolation, ExitStatus, PROTOCOL_VERSION, RunRequest, SetupFailure, StdioMode, SupervisorMessage,
-    ToolExit, WorkerMessage,
+    AppliedIsolation, ExitStatus, PROTOCOL_VERSION, RunRequest, SetupFailure, StdioMode,
+    SupervisorMessage, ToolExit, WorkerMessage,
 };
 
 use crate::cancel::CancelSignal;
@@ -74,11 +74,20 @@ pub struct SandboxRun {
 
 /// What the worker conversation produced.
 enum Conversation {
-    Finished { applied: AppliedIsolation, report: WorkerMessage },
-    SetupFailed { failure: SetupFailure },
+    Finished {
+        applied: AppliedIsolation,
+        report: WorkerMessage,
+    },
+    SetupFailed {
+        failure: SetupFailure,
+    },
     Broken(ChannelError),
-    TimedOut { applied: Option<AppliedIsolation> },
-    Cancelled { applied: Option<AppliedIsolation> },
+    TimedOut {
+        applied: Option<AppliedIsolation>,
+    },
+    Cancelled {
+        applied: Option<AppliedIsolation>,
+    },
 }
 
 /// Kills the worker if the run is dropped midway (caller cancellation by drop).
@@ -96,7 +105,11 @@ impl Drop for KillOnDrop<'_> {
 }
 
 fn open_null() -> std::io::Result<OwnedFd> {
-    std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").map(OwnedFd::from)
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map(OwnedFd::from)
 }
 
 fn duration_ms(d: Duration) -> u64 {
@@ -113,7 +126,11 @@ impl Supervisor {
             Some(parent) => Ok(parent),
             None => CgroupParent::detect().map_err(|e| e.to_string()),
         };
-        Ok(Self { spawner, cgroups, counter: AtomicU64::new(0) })
+        Ok(Self {
+            spawner,
+            cgroups,
+            counter: AtomicU64::new(0),
+        })
     }
 
     /// The cgroup parent, or why there is none.
@@ -131,7 +148,11 @@ impl Supervisor {
             timeout_ms: duration_ms(run.timeout),
             output_bytes: profile.limits.output_bytes,
         };
-        let mut result = ToolResult::rejected(&run.call_id, &run.tool, ToolError::new(ErrorKind::SandboxUnavailable, ""));
+        let mut result = ToolResult::rejected(
+            &run.call_id,
+            &run.tool,
+            ToolError::new(ErrorKind::SandboxUnavailable, ""),
+        );
         result.attempts = 1;
         result.isolation.limits = limits;
 
@@ -146,7 +167,9 @@ impl Supervisor {
         };
         result.isolation.cgroup = cgroup.as_ref().map(|c| c.version().to_string());
 
-        let outcome = self.spawn_and_converse(&run, cgroup.as_ref(), started, cancel).await;
+        let outcome = self
+            .spawn_and_converse(&run, cgroup.as_ref(), started, cancel)
+            .await;
         let (conversation, spawned) = match outcome {
             Ok(pair) => pair,
             Err(error) => {
@@ -183,7 +206,12 @@ impl Supervisor {
             Err(why) if required => {
                 return Err(ToolError {
                     step: Some("cgroup".into()),
-                    ..ToolError::new(ErrorKind::SandboxUnavailable, format!("cgroup limits are required but unavailable: {why}; run `airlock doctor`, or set require.cgroup = \"best_effort\""))
+                    ..ToolError::new(
+                        ErrorKind::SandboxUnavailable,
+                        format!(
+                            "cgroup limits are required but unavailable: {why}; run `airlock doctor`, or set require.cgroup = \"best_effort\""
+                        ),
+                    )
                 });
             }
             Err(_) => return Ok(None),
@@ -199,7 +227,10 @@ impl Supervisor {
             Ok(cgroup) => Ok(Some(cgroup)),
             Err(e) if required => Err(ToolError {
                 step: Some("cgroup".into()),
-                ..ToolError::new(ErrorKind::SandboxUnavailable, format!("cannot create the worker's cgroup: {e}"))
+                ..ToolError::new(
+                    ErrorKind::SandboxUnavailable,
+                    format!("cannot create the worker's cgroup: {e}"),
+                )
             }),
             Err(_) => Ok(None),
         }
@@ -216,7 +247,11 @@ impl Supervisor {
             step: Some(step.to_string()),
             ..ToolError::new(ErrorKind::SandboxUnavailable, message)
         };
-        let stdio_mode = if run.inherit_stdio.is_some() { StdioMode::Inherit } else { StdioMode::Capture };
+        let stdio_mode = if run.inherit_stdio.is_some() {
+            StdioMode::Inherit
+        } else {
+            StdioMode::Capture
+        };
         let stdio = match &run.inherit_stdio {
             Some(fds) => {
                 let dup = |fd: &OwnedFd| fd.as_fd().try_clone_to_owned();
@@ -227,34 +262,59 @@ impl Supervisor {
         let [a, b, c] = stdio;
         let stdio = match (a, b, c) {
             (Ok(a), Ok(b), Ok(c)) => [a, b, c],
-            _ => return Err(unavailable("stdio", "cannot prepare the worker's stdio".into())),
+            _ => {
+                return Err(unavailable(
+                    "stdio",
+                    "cannot prepare the worker's stdio".into(),
+                ));
+            }
         };
         let (join_cgroups, cgroup_dir) = match cgroup {
             Some(cg) => {
-                let dir = cg.open_dir_v2().map_err(|e| unavailable("cgroup", e.to_string()))?;
-                let procs = if dir.is_some() { Vec::new() } else { cg.open_procs_files().map_err(|e| unavailable("cgroup", e.to_string()))? };
+                let dir = cg
+                    .open_dir_v2()
+                    .map_err(|e| unavailable("cgroup", e.to_string()))?;
+                let procs = if dir.is_some() {
+                    Vec::new()
+                } else {
+                    cg.open_procs_files()
+                        .map_err(|e| unavailable("cgroup", e.to_string()))?
+                };
                 (procs, dir)
             }
             None => (Vec::new(), None),
         };
         let spawned = self
             .spawner
-            .spawn(SpawnRequest { stdio, join_cgroups, cgroup_dir })
+            .spawn(SpawnRequest {
+                stdio,
+                join_cgroups,
+                cgroup_dir,
+            })
             .await
             .map_err(|e| unavailable("spawn", error_chain(&e)))?;
 
-        let mut guard = KillOnDrop { pidfd: &spawned.pidfd, armed: true };
+        let mut guard = KillOnDrop {
+            pidfd: &spawned.pidfd,
+            armed: true,
+        };
         let stream = spawned
             .socket
             .try_clone()
             .map_err(|e| unavailable("spawn", e.to_string()))
             .and_then(|fd| {
                 let std_stream = std::os::unix::net::UnixStream::from(fd);
-                std_stream.set_nonblocking(true).map_err(|e| unavailable("spawn", e.to_string()))?;
-                tokio::net::UnixStream::from_std(std_stream).map_err(|e| unavailable("spawn", e.to_string()))
+                std_stream
+                    .set_nonblocking(true)
+                    .map_err(|e| unavailable("spawn", e.to_string()))?;
+                tokio::net::UnixStream::from_std(std_stream)
+                    .map_err(|e| unavailable("spawn", e.to_string()))
             })?;
         // Worker reports carry at most two bounded outputs plus small fields.
-        let max_frame = usize::try_from(run.profile.limits.output_bytes).unwrap_or(usize::MAX).saturating_mul(2).saturating_add(64 << 10);
+        let max_frame = usize::try_from(run.profile.limits.output_bytes)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(2)
+            .saturating_add(64 << 10);
         let mut channel = WorkerChannel::new(stream, max_frame);
         let request = RunRequest {
             call_id: run.call_id.clone(),
@@ -283,8 +343,12 @@ impl Supervisor {
             }
         };
         let conversation = match conversation {
-            Conversation::TimedOut { .. } => Conversation::TimedOut { applied: applied_seen },
-            Conversation::Cancelled { .. } => Conversation::Cancelled { applied: applied_seen },
+            Conversation::TimedOut { .. } => Conversation::TimedOut {
+                applied: applied_seen,
+            },
+            Conversation::Cancelled { .. } => Conversation::Cancelled {
+                applied: applied_seen,
+            },
             other => other,
         };
         let _ = channel.send(&SupervisorMessage::Shutdown).await;
@@ -314,14 +378,26 @@ async fn converse(
     let violation = |what: String| Conversation::Broken(ChannelError::Violation(what));
     match channel.receive().await {
         Ok(WorkerMessage::Hello { version }) if version == PROTOCOL_VERSION => {}
-        Ok(WorkerMessage::Hello { version }) => return violation(format!("worker speaks protocol {version}, we speak {PROTOCOL_VERSION}")),
+        Ok(WorkerMessage::Hello { version }) => {
+            return violation(format!(
+                "worker speaks protocol {version}, we speak {PROTOCOL_VERSION}"
+            ));
+        }
         Ok(other) => return violation(format!("expected Hello, got {}", other.name())),
         Err(e) => return Conversation::Broken(e),
     }
-    if let Err(e) = channel.send(&SupervisorMessage::Hello { version: PROTOCOL_VERSION }).await {
+    if let Err(e) = channel
+        .send(&SupervisorMessage::Hello {
+            version: PROTOCOL_VERSION,
+        })
+        .await
+    {
         return Conversation::Broken(e);
     }
-    if let Err(e) = channel.send(&SupervisorMessage::Setup(Box::new(profile.spec.clone()))).await {
+    if let Err(e) = channel
+        .send(&SupervisorMessage::Setup(Box::new(profile.spec.clone())))
+        .await
+    {
         return Conversation::Broken(e);
     }
     let applied = match channel.receive().await {
@@ -335,7 +411,9 @@ async fn converse(
         return Conversation::Broken(e);
     }
     match channel.receive().await {
-        Ok(report @ (WorkerMessage::Exited(_) | WorkerMessage::RunFailed { .. })) => Conversation::Finished { applied, report },
+        Ok(report @ (WorkerMessage::Exited(_) | WorkerMessage::RunFailed { .. })) => {
+            Conversation::Finished { applied, report }
+        }
         Ok(other) => violation(format!("expected Exited, got {}", other.name())),
         Err(e) => Conversation::Broken(e),
     }
@@ -344,7 +422,10 @@ async fn converse(
 /// Waits until the worker (already sent SIGKILL) has exited and is reaped.
 async fn wait_for_exit(pidfd: &OwnedFd) {
     // A pidfd becomes readable when the process exits.
-    let registered = pidfd.try_clone().ok().and_then(|fd| sys::register_async_fd(fd).ok());
+    let registered = pidfd
+        .try_clone()
+        .ok()
+        .and_then(|fd| sys::register_async_fd(fd).ok());
     if let Some(async_fd) = &registered {
         let _ = tokio::time::timeout(Duration::from_secs(5), async_fd.readable()).await;
     }
@@ -357,7 +438,11 @@ async fn wait_for_exit(pidfd: &OwnedFd) {
     tracing::warn!("worker did not exit within 5 s of SIGKILL");
 }
 
-fn apply_isolation(isolation: &mut Isolation, applied: &AppliedIsolation, profile: &CompiledProfile) {
+fn apply_isolation(
+    isolation: &mut Isolation,
+    applied: &AppliedIsolation,
+    profile: &CompiledProfile,
+) {
     isolation.namespaces = applied.namespaces.clone();
     isolation.landlock_abi = applied.landlock_abi;
     isolation.landlock = match (applied.landlock_abi, applied.landlock_fully_enforced) {
@@ -365,7 +450,9 @@ fn apply_isolation(isolation: &mut Isolation, applied: &AppliedIsolation, profil
         (_, true) => LandlockLevel::Full,
         (_, false) => LandlockLevel::Partial,
     };
-    isolation.seccomp = applied.seccomp_installed.then(|| profile.spec.seccomp.digest.clone());
+    isolation.seccomp = applied
+        .seccomp_installed
+        .then(|| profile.spec.seccomp.digest.clone());
 }
 
 fn finish_result(
@@ -378,7 +465,15 @@ fn finish_result(
     result.usage.peak_memory_bytes = stats.and_then(|s| s.peak_memory_bytes);
     let oom = stats.is_some_and(|s| s.oom_kills > 0);
     let pids_hit = stats.is_some_and(|s| s.pids_limit_hits > 0);
-    let oom_error = || ToolError::new(ErrorKind::OutOfMemory, format!("the memory limit of {} bytes was reached", profile.limits.memory_bytes));
+    let oom_error = || {
+        ToolError::new(
+            ErrorKind::OutOfMemory,
+            format!(
+                "the memory limit of {} bytes was reached",
+                profile.limits.memory_bytes
+            ),
+        )
+    };
     match conversation {
         Conversation::Finished { applied, report } => {
             apply_isolation(&mut result.isolation, &applied, profile);
@@ -394,12 +489,21 @@ fn finish_result(
             let kind = ErrorKind::SandboxUnavailable;
             result.error = Some(ToolError {
                 step: Some(failure.step.clone()),
-                ..ToolError::new(kind, format!("sandbox set-up failed at {}: {}", failure.step, failure.message))
+                ..ToolError::new(
+                    kind,
+                    format!(
+                        "sandbox set-up failed at {}: {}",
+                        failure.step, failure.message
+                    ),
+                )
             });
         }
         Conversation::Broken(ChannelError::Closed) if oom => result.error = Some(oom_error()),
         Conversation::Broken(error) => {
-            result.error = Some(ToolError::new(ErrorKind::ProtocolViolation, format!("worker killed: {error}")));
+            result.error = Some(ToolError::new(
+                ErrorKind::ProtocolViolation,
+                format!("worker killed: {error}"),
+            ));
         }
         Conversation::TimedOut { applied } => {
             if let Some(applied) = applied {
@@ -407,20 +511,35 @@ fn finish_result(
             }
             result.error = Some(ToolError {
                 timeout_ms: Some(duration_ms(run.timeout)),
-                ..ToolError::new(ErrorKind::Timeout, format!("deadline of {} ms passed; every process was killed", duration_ms(run.timeout)))
+                ..ToolError::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "deadline of {} ms passed; every process was killed",
+                        duration_ms(run.timeout)
+                    ),
+                )
             });
         }
         Conversation::Cancelled { applied } => {
             if let Some(applied) = applied {
                 apply_isolation(&mut result.isolation, &applied, profile);
             }
-            result.error = Some(ToolError::new(ErrorKind::Cancelled, "cancelled by the caller; every process was killed"));
+            result.error = Some(ToolError::new(
+                ErrorKind::Cancelled,
+                "cancelled by the caller; every process was killed",
+            ));
         }
     }
     result.ok = result.error.is_none();
 }
 
-fn finish_exit(result: &mut ToolResult, exit: ToolExit, oom: bool, pids_hit: bool, profile: &CompiledProfile) {
+fn finish_exit(
+    result: &mut ToolResult,
+    exit: ToolExit,
+    oom: bool,
+    pids_hit: bool,
+    profile: &CompiledProfile,
+) {
     result.stdout = String::from_utf8_lossy(&exit.stdout).into_owned();
     result.stderr = String::from_utf8_lossy(&exit.stderr).into_owned();
     result.stdout_truncated = exit.stdout_truncated;
@@ -431,11 +550,24 @@ fn finish_exit(result: &mut ToolResult, exit: ToolExit, oom: bool, pids_hit: boo
         ExitStatus::Code(code) => {
             result.exit_code = Some(code);
             if oom {
-                result.error = Some(ToolError::new(ErrorKind::OutOfMemory, format!("the memory limit of {} bytes was reached", profile.limits.memory_bytes)));
+                result.error = Some(ToolError::new(
+                    ErrorKind::OutOfMemory,
+                    format!(
+                        "the memory limit of {} bytes was reached",
+                        profile.limits.memory_bytes
+                    ),
+                ));
             } else if code != 0 {
-                let kind = if pids_hit { ErrorKind::PidsLimit } else { ErrorKind::ToolFailed };
+                let kind = if pids_hit {
+                    ErrorKind::PidsLimit
+                } else {
+                    ErrorKind::ToolFailed
+                };
                 let message = if pids_hit {
-                    format!("the process limit of {} was reached; the tool exited with code {code}", profile.limits.pids)
+                    format!(
+                        "the process limit of {} was reached; the tool exited with code {code}",
+                        profile.limits.pids
+                    )
                 } else {
                     format!("the tool exited with code {code}")
                 };
@@ -445,16 +577,31 @@ fn finish_exit(result: &mut ToolResult, exit: ToolExit, oom: bool, pids_hit: boo
         ExitStatus::Signal(signal) => {
             result.signal = Some(signal);
             result.error = Some(if oom {
-                ToolError::new(ErrorKind::OutOfMemory, format!("the memory limit of {} bytes was reached", profile.limits.memory_bytes))
+                ToolError::new(
+                    ErrorKind::OutOfMemory,
+                    format!(
+                        "the memory limit of {} bytes was reached",
+                        profile.limits.memory_bytes
+                    ),
+                )
             } else if signal == libc::SIGSYS {
                 ToolError {
                     syscall: Some("a syscall from a non-native architecture or the x32 ABI".into()),
-                    ..ToolError::new(ErrorKind::SeccompViolation, "the seccomp filter killed the tool (SIGSYS)")
+                    ..ToolError::new(
+                        ErrorKind::SeccompViolation,
+                        "the seccomp filter killed the tool (SIGSYS)",
+                    )
                 }
             } else if pids_hit {
-                ToolError::new(ErrorKind::PidsLimit, format!("the process limit of {} was reached", profile.limits.pids))
+                ToolError::new(
+                    ErrorKind::PidsLimit,
+                    format!("the process limit of {} was reached", profile.limits.pids),
+                )
             } else {
-                ToolError::new(ErrorKind::ToolFailed, format!("the tool was killed by signal {signal}"))
+                ToolError::new(
+                    ErrorKind::ToolFailed,
+                    format!("the tool was killed by signal {signal}"),
+                )
             });
         }
     }

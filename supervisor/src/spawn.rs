@@ -72,7 +72,9 @@ impl SpawnError {
     /// Whether retrying on a fresh worker could help (transient resource shortage).
     pub fn is_transient(&self) -> bool {
         let errno = match self {
-            SpawnError::Clone { source } | SpawnError::Parent { source, .. } | SpawnError::Child { source, .. } => source.raw_os_error(),
+            SpawnError::Clone { source }
+            | SpawnError::Parent { source, .. }
+            | SpawnError::Child { source, .. } => source.raw_os_error(),
             _ => None,
         };
         matches!(errno, Some(libc::EAGAIN) | Some(libc::ENOMEM))
@@ -89,7 +91,10 @@ pub struct WorkerImage {
 impl WorkerImage {
     /// Copies `binary` (normally /proc/self/exe) into a sealed memfd.
     pub fn seal_from(binary: &Path) -> Result<Self, SpawnError> {
-        let fail = |source| SpawnError::Image { path: binary.display().to_string(), source };
+        let fail = |source| SpawnError::Image {
+            path: binary.display().to_string(),
+            source,
+        };
         let fd = sys::create_executable_memfd(c"airlock-worker").map_err(fail)?;
         let mut source = File::open(binary).map_err(fail)?;
         let mut target = File::from(fd);
@@ -133,9 +138,15 @@ impl IdMapping {
         let (uid, gid) = sys::effective_ids();
         if uid == 0 {
             let id = configured.unwrap_or(DEFAULT_SANDBOX_HOST_ID);
-            Self { host_uid: id, host_gid: id }
+            Self {
+                host_uid: id,
+                host_gid: id,
+            }
         } else {
-            Self { host_uid: uid, host_gid: gid }
+            Self {
+                host_uid: uid,
+                host_gid: gid,
+            }
         }
     }
 }
@@ -184,14 +195,19 @@ impl Spawner {
                     let _ = reply.send(spawn_worker(&image, mapping, request));
                 }
             })
-            .map_err(|source| SpawnError::Parent { operation: "start the spawner thread", source })?;
+            .map_err(|source| SpawnError::Parent {
+                operation: "start the spawner thread",
+                source,
+            })?;
         Ok(Self { requests })
     }
 
     /// Starts one worker.
     pub async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.requests.send((request, reply)).map_err(|_| SpawnError::SpawnerGone)?;
+        self.requests
+            .send((request, reply))
+            .map_err(|_| SpawnError::SpawnerGone)?;
         answer.await.map_err(|_| SpawnError::SpawnerGone)?
     }
 }
@@ -206,11 +222,18 @@ fn write_proc_file(pid: i32, file: &'static str, contents: &str) -> Result<(), S
 }
 
 /// Runs on the spawner thread: clone, map ids, release the child, learn whether it exec'd.
-fn spawn_worker(image: &WorkerImage, mapping: IdMapping, request: SpawnRequest) -> Result<Spawned, SpawnError> {
+fn spawn_worker(
+    image: &WorkerImage,
+    mapping: IdMapping,
+    request: SpawnRequest,
+) -> Result<Spawned, SpawnError> {
     let parent = |operation| move |source| SpawnError::Parent { operation, source };
-    let (supervisor_end, worker_end) = sys::stream_socketpair().map_err(parent("create the protocol socketpair"))?;
-    let (maps_read, maps_write) = sys::cloexec_pipe().map_err(parent("create the handshake pipe"))?;
-    let (report_read, report_write) = sys::cloexec_pipe().map_err(parent("create the report pipe"))?;
+    let (supervisor_end, worker_end) =
+        sys::stream_socketpair().map_err(parent("create the protocol socketpair"))?;
+    let (maps_read, maps_write) =
+        sys::cloexec_pipe().map_err(parent("create the handshake pipe"))?;
+    let (report_read, report_write) =
+        sys::cloexec_pipe().map_err(parent("create the report pipe"))?;
 
     let argv_strings = [
         CString::new("airlock-worker"),
@@ -219,17 +242,28 @@ fn spawn_worker(image: &WorkerImage, mapping: IdMapping, request: SpawnRequest) 
     ]
     .into_iter()
     .collect::<Result<Vec<_>, _>>()
-    .map_err(|e| SpawnError::Parent { operation: "build the worker argv", source: io::Error::other(e) })?;
+    .map_err(|e| SpawnError::Parent {
+        operation: "build the worker argv",
+        source: io::Error::other(e),
+    })?;
     let argv = sys::pointer_array(&argv_strings);
     let envp = sys::pointer_array(&[]);
-    let join: Vec<RawFd> = request.join_cgroups.iter().map(AsRawFd::as_raw_fd).collect();
+    let join: Vec<RawFd> = request
+        .join_cgroups
+        .iter()
+        .map(AsRawFd::as_raw_fd)
+        .collect();
     let plan = ChildPlan {
         image: image.raw(),
         argv: &argv,
         envp: &envp,
         join_cgroups: &join,
         maps_written: maps_read.as_raw_fd(),
-        stdio: [request.stdio[0].as_raw_fd(), request.stdio[1].as_raw_fd(), request.stdio[2].as_raw_fd()],
+        stdio: [
+            request.stdio[0].as_raw_fd(),
+            request.stdio[1].as_raw_fd(),
+            request.stdio[2].as_raw_fd(),
+        ],
         socket: worker_end.as_raw_fd(),
         report: report_write.as_raw_fd(),
     };
@@ -242,8 +276,20 @@ fn spawn_worker(image: &WorkerImage, mapping: IdMapping, request: SpawnRequest) 
     // Parent-side half of the handshake: sandbox root is an unprivileged host id; setgroups
     // is denied so the sandbox cannot drop supplementary groups to dodge group-deny ACLs.
     let maps = write_proc_file(cloned.pid, "setgroups", "deny")
-        .and_then(|()| write_proc_file(cloned.pid, "uid_map", &format!("0 {} 1\n", mapping.host_uid)))
-        .and_then(|()| write_proc_file(cloned.pid, "gid_map", &format!("0 {} 1\n", mapping.host_gid)));
+        .and_then(|()| {
+            write_proc_file(
+                cloned.pid,
+                "uid_map",
+                &format!("0 {} 1\n", mapping.host_uid),
+            )
+        })
+        .and_then(|()| {
+            write_proc_file(
+                cloned.pid,
+                "gid_map",
+                &format!("0 {} 1\n", mapping.host_gid),
+            )
+        });
     if let Err(e) = maps {
         let _ = sys::signal_pidfd(&cloned.pidfd, libc::SIGKILL);
         reap_blocking(&cloned.pidfd);
@@ -267,11 +313,21 @@ fn spawn_worker(image: &WorkerImage, mapping: IdMapping, request: SpawnRequest) 
     }
     if got == report.len() {
         reap_blocking(&cloned.pidfd);
-        let step = CHILD_STEPS.get(usize::from(report[0])).copied().unwrap_or("unknown");
+        let step = CHILD_STEPS
+            .get(usize::from(report[0]))
+            .copied()
+            .unwrap_or("unknown");
         let errno = i32::from_ne_bytes([report[1], report[2], report[3], report[4]]);
-        return Err(SpawnError::Child { step, source: io::Error::from_raw_os_error(errno) });
+        return Err(SpawnError::Child {
+            step,
+            source: io::Error::from_raw_os_error(errno),
+        });
     }
-    Ok(Spawned { pid: cloned.pid, pidfd: cloned.pidfd, socket: supervisor_end })
+    Ok(Spawned {
+        pid: cloned.pid,
+        pidfd: cloned.pidfd,
+        socket: supervisor_end,
+    })
 }
 
 /// Waits (blocking, on the spawner thread) for a child that is known to be exiting.

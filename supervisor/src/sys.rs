@@ -11,11 +11,19 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 fn check_int(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 /// Creates an anonymous, sealable, close-on-exec memory file that may be executed.
@@ -108,19 +116,39 @@ fn child_fail(plan: &ChildPlan<'_>, step: u8) -> ! {
 }
 
 /// Child steps, by number, for [`ChildFailure`].
-pub const CHILD_STEPS: [&str; 7] = ["join cgroup", "wait for uid map", "setresgid", "setresuid", "stdio", "parent-death signal", "exec worker"];
+pub const CHILD_STEPS: [&str; 7] = [
+    "join cgroup",
+    "wait for uid map",
+    "setresgid",
+    "setresuid",
+    "stdio",
+    "parent-death signal",
+    "exec worker",
+];
 
 /// The child side: runs only raw syscalls, never returns.
 fn run_child(plan: &ChildPlan<'_>) -> ! {
     // 0. Join the worker's cgroups first, so everything the worker does is accounted.
     for fd in plan.join_cgroups {
-        if raw(libc::SYS_write, *fd as libc::c_long, c"0".as_ptr() as libc::c_long, 1) != 1 {
+        if raw(
+            libc::SYS_write,
+            *fd as libc::c_long,
+            c"0".as_ptr() as libc::c_long,
+            1,
+        ) != 1
+        {
             child_fail(plan, 0);
         }
     }
     // 1. Wait until the parent has written our uid/gid maps; EOF means it gave up.
     let mut byte = 0u8;
-    if raw(libc::SYS_read, plan.maps_written as libc::c_long, (&mut byte as *mut u8) as libc::c_long, 1) != 1 {
+    if raw(
+        libc::SYS_read,
+        plan.maps_written as libc::c_long,
+        (&mut byte as *mut u8) as libc::c_long,
+        1,
+    ) != 1
+    {
         child_fail(plan, 1);
     }
     // 2-3. Become uid/gid 0 *inside* the user namespace (an unprivileged host uid outside),
@@ -135,20 +163,42 @@ fn run_child(plan: &ChildPlan<'_>) -> ! {
     // 4. stdio, then the socket survives exec.
     for (target, fd) in plan.stdio.iter().enumerate() {
         let ok = if *fd == target as RawFd {
-            raw(libc::SYS_fcntl, *fd as libc::c_long, libc::F_SETFD as libc::c_long, 0) == 0
+            raw(
+                libc::SYS_fcntl,
+                *fd as libc::c_long,
+                libc::F_SETFD as libc::c_long,
+                0,
+            ) == 0
         } else {
-            raw(libc::SYS_dup2, *fd as libc::c_long, target as libc::c_long, 0) >= 0
+            raw(
+                libc::SYS_dup2,
+                *fd as libc::c_long,
+                target as libc::c_long,
+                0,
+            ) >= 0
         };
         if !ok {
             child_fail(plan, 4);
         }
     }
-    if raw(libc::SYS_fcntl, plan.socket as libc::c_long, libc::F_SETFD as libc::c_long, 0) != 0 {
+    if raw(
+        libc::SYS_fcntl,
+        plan.socket as libc::c_long,
+        libc::F_SETFD as libc::c_long,
+        0,
+    ) != 0
+    {
         child_fail(plan, 4);
     }
     // 5. Die with the spawning thread (a long-lived thread of the supervisor). Set after the
     // credential change, which clears the parent-death signal.
-    if raw(libc::SYS_prctl, libc::PR_SET_PDEATHSIG as libc::c_long, libc::SIGKILL as libc::c_long, 0) != 0 {
+    if raw(
+        libc::SYS_prctl,
+        libc::PR_SET_PDEATHSIG as libc::c_long,
+        libc::SIGKILL as libc::c_long,
+        0,
+    ) != 0
+    {
         child_fail(plan, 5);
     }
     // 6. Exec the sealed image: no path, so nothing in any sandbox can replace it.
@@ -194,7 +244,11 @@ pub fn clone_worker(plan: &ChildPlan<'_>, cgroup_dir: Option<RawFd>) -> io::Resu
     // this thread's stack like fork(), and runs only `run_child`, which makes raw syscalls
     // on memory the parent prepared and then execs or _exits — it never returns here.
     let pid = unsafe {
-        libc::syscall(libc::SYS_clone3, &mut args as *mut libc::clone_args, std::mem::size_of::<libc::clone_args>())
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
     };
     if pid == 0 {
         run_child(plan);
@@ -209,7 +263,13 @@ pub fn clone_worker(plan: &ChildPlan<'_>, cgroup_dir: Option<RawFd>) -> io::Resu
 pub fn signal_pidfd(pidfd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: pidfd_send_signal with a NULL siginfo reads no memory.
     let ret = unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0u32)
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
     };
     match check(ret) {
         // ESRCH: already exited; that is what we wanted.
@@ -233,7 +293,12 @@ pub fn try_reap_pidfd(pidfd: &OwnedFd) -> io::Result<Option<Ended>> {
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: `info` is a valid out-pointer; P_PIDFD takes the descriptor number as id.
     let ret = unsafe {
-        libc::waitid(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG)
+        libc::waitid(
+            libc::P_PIDFD,
+            pidfd.as_raw_fd() as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG,
+        )
     };
     check_int(ret)?;
     // SAFETY: after a successful waitid these union fields are initialised (pid 0 = none).
@@ -241,19 +306,34 @@ pub fn try_reap_pidfd(pidfd: &OwnedFd) -> io::Result<Option<Ended>> {
     if pid == 0 {
         return Ok(None);
     }
-    Ok(Some(if info.si_code == libc::CLD_EXITED { Ended::Exited(status) } else { Ended::Killed(status) }))
+    Ok(Some(if info.si_code == libc::CLD_EXITED {
+        Ended::Exited(status)
+    } else {
+        Ended::Killed(status)
+    }))
 }
 
 /// Builds a NULL-terminated pointer array over CStrings (which must outlive its use).
 pub fn pointer_array(strings: &[CString]) -> Vec<*const libc::c_char> {
-    strings.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect()
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
 }
 
 /// A socketpair of close-on-exec stream sockets.
 pub fn stream_socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: `fds` is a valid out-array of two ints.
-    check_int(unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) })?;
+    check_int(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
     // SAFETY: socketpair returned two fresh descriptors owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
@@ -269,12 +349,16 @@ pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// The effective uid and gid of this process.
 pub fn effective_ids() -> (u32, u32) {
-    (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw())
+    (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    )
 }
 
 /// Registers a descriptor (a pidfd) with tokio's reactor for readiness.
 pub fn register_async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd stays open and keeps the same number until the AsyncFd (its owner
     // from now on) drops it, which is the contract register_with_interest requires.
-    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(|e| e.into_parts().1)
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)
 }

@@ -34,13 +34,23 @@ pub struct ConfineError {
 
 impl ConfineError {
     fn at(step: &'static str, error: impl std::fmt::Display, errno: Option<i32>) -> Self {
-        Self { step, message: error.to_string(), errno, feature_missing: false }
+        Self {
+            step,
+            message: error.to_string(),
+            errno,
+            feature_missing: false,
+        }
     }
 }
 
 impl From<ConfineError> for SetupFailure {
     fn from(e: ConfineError) -> Self {
-        SetupFailure { step: e.step.to_string(), message: e.message, errno: e.errno, feature_missing: e.feature_missing }
+        SetupFailure {
+            step: e.step.to_string(),
+            message: e.message,
+            errno: e.errno,
+            feature_missing: e.feature_missing,
+        }
     }
 }
 
@@ -50,10 +60,17 @@ fn io_errno(e: &std::io::Error) -> Option<i32> {
 
 /// Confines the calling worker process according to `spec`. `keep_fd` is the protocol
 /// socket; stdio (0, 1, 2) is kept for the tool.
-pub fn confine_worker(spec: &SandboxSpec, keep_fd: RawFd) -> Result<AppliedIsolation, ConfineError> {
+pub fn confine_worker(
+    spec: &SandboxSpec,
+    keep_fd: RawFd,
+) -> Result<AppliedIsolation, ConfineError> {
     // 1. Sanity: PID 1 of our own pid namespace, or killing us would not kill the tool tree.
     if std::process::id() != 1 {
-        return Err(ConfineError::at("namespaces", "worker is not PID 1 of a fresh pid namespace", None));
+        return Err(ConfineError::at(
+            "namespaces",
+            "worker is not PID 1 of a fresh pid namespace",
+            None,
+        ));
     }
 
     // 2. Mounts first: they need CAP_SYS_ADMIN in our mount namespace and the host root
@@ -76,10 +93,19 @@ pub fn confine_worker(spec: &SandboxSpec, keep_fd: RawFd) -> Result<AppliedIsola
     // 5. Resource limits: lowering needs no privilege, but set them before the tool exists.
     //    Core dumps are off: a dump could land in a writable bind with the tool's memory.
     let limit = |resource, value: u64, name: &'static str| {
-        setrlimit(resource, value, value).map_err(|e| ConfineError::at("rlimits", format!("{name}: {e}"), Some(e as i32)))
+        setrlimit(resource, value, value)
+            .map_err(|e| ConfineError::at("rlimits", format!("{name}: {e}"), Some(e as i32)))
     };
-    limit(Resource::RLIMIT_NOFILE, spec.rlimits.open_files, "RLIMIT_NOFILE")?;
-    limit(Resource::RLIMIT_FSIZE, spec.rlimits.file_size_bytes, "RLIMIT_FSIZE")?;
+    limit(
+        Resource::RLIMIT_NOFILE,
+        spec.rlimits.open_files,
+        "RLIMIT_NOFILE",
+    )?;
+    limit(
+        Resource::RLIMIT_FSIZE,
+        spec.rlimits.file_size_bytes,
+        "RLIMIT_FSIZE",
+    )?;
     limit(Resource::RLIMIT_CORE, 0, "RLIMIT_CORE")?;
     if let Some(cpu) = spec.rlimits.cpu_seconds {
         limit(Resource::RLIMIT_CPU, cpu, "RLIMIT_CPU")?;
@@ -91,24 +117,43 @@ pub fn confine_worker(spec: &SandboxSpec, keep_fd: RawFd) -> Result<AppliedIsola
 
     // 7. Not dumpable: tools in the sandbox cannot ptrace or read /proc/1/mem of the worker
     //    that holds the protocol socket (runc CVE-2016-9962 pattern).
-    nix::sys::prctl::set_dumpable(false).map_err(|e| ConfineError::at("dumpable", e, Some(e as i32)))?;
+    nix::sys::prctl::set_dumpable(false)
+        .map_err(|e| ConfineError::at("dumpable", e, Some(e as i32)))?;
 
     // 8. Capabilities: all sets emptied, bounding first (dropping it needs CAP_SETPCAP,
     //    which the later steps remove). An empty bounding set also means exec'ing as uid 0
     //    gains nothing.
-    for set in [CapSet::Bounding, CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
-        caps::clear(None, set).map_err(|e| ConfineError::at("capabilities", format!("clear {set:?}: {e}"), None))?;
+    for set in [
+        CapSet::Bounding,
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
+        caps::clear(None, set)
+            .map_err(|e| ConfineError::at("capabilities", format!("clear {set:?}: {e}"), None))?;
     }
 
     // 9. no_new_privs: no setuid or file-capability gain on exec; required by Landlock and
     //    by seccomp for an unprivileged process.
-    nix::sys::prctl::set_no_new_privs().map_err(|e| ConfineError::at("no_new_privs", e, Some(e as i32)))?;
+    nix::sys::prctl::set_no_new_privs()
+        .map_err(|e| ConfineError::at("no_new_privs", e, Some(e as i32)))?;
 
     // 10. Landlock: after the mounts (rules are opened on the final paths) and before
     //     seccomp (whose allowlist does not include the landlock_* set-up flow we need).
     let landlock = apply_landlock_to_current_process(&spec.landlock).map_err(|e| {
-        let missing = matches!(e, LandlockError::Unavailable(_) | LandlockError::AbiTooOld { .. } | LandlockError::NotFullyEnforced(_));
-        ConfineError { step: "landlock", message: e.to_string(), errno: None, feature_missing: missing }
+        let missing = matches!(
+            e,
+            LandlockError::Unavailable(_)
+                | LandlockError::AbiTooOld { .. }
+                | LandlockError::NotFullyEnforced(_)
+        );
+        ConfineError {
+            step: "landlock",
+            message: e.to_string(),
+            errno: None,
+            feature_missing: missing,
+        }
     })?;
 
     // 11. seccomp last: everything above uses syscalls the filter refuses (mount,
@@ -124,7 +169,10 @@ pub fn confine_worker(spec: &SandboxSpec, keep_fd: RawFd) -> Result<AppliedIsola
                 step: "seccomp",
                 message: format!("cannot install the seccomp filter: {e}"),
                 errno: io_errno(&e),
-                feature_missing: matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)),
+                feature_missing: matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINVAL) | Some(libc::ENOSYS)
+                ),
             });
         }
     };
@@ -142,7 +190,8 @@ fn close_inherited_descriptors(keep_fd: RawFd) -> Result<(), ConfineError> {
     let fail = |e: std::io::Error| ConfineError::at("descriptors", &e, e.raw_os_error());
     // The socket was placed at fd 3 by the supervisor's child set-up; close everything
     // above it, then everything between stdio and it if it sits higher.
-    let keep = u32::try_from(keep_fd).map_err(|_| ConfineError::at("descriptors", "negative socket fd", None))?;
+    let keep = u32::try_from(keep_fd)
+        .map_err(|_| ConfineError::at("descriptors", "negative socket fd", None))?;
     sys::close_descriptors_from(keep + 1).map_err(fail)?;
     for fd in 3..keep_fd {
         // EBADF for descriptors that were never open is fine.

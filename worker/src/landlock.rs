@@ -16,7 +16,9 @@ use crate::sys;
 #[derive(Debug, thiserror::Error)]
 pub enum LandlockError {
     /// The kernel has no Landlock (compiled out, or not in `lsm=`).
-    #[error("landlock is not available on this kernel ({0}); enable it with lsm=...,landlock on the kernel command line, or set require.landlock = \"best_effort\"")]
+    #[error(
+        "landlock is not available on this kernel ({0}); enable it with lsm=...,landlock on the kernel command line, or set require.landlock = \"best_effort\""
+    )]
     Unavailable(std::io::Error),
     /// The profile needs a newer ABI than the kernel has.
     #[error("landlock ABI {have} cannot {what} (needs ABI {need})")]
@@ -46,11 +48,18 @@ pub struct LandlockOutcome {
 }
 
 /// Restricts the calling (single-threaded) process with `spec`.
-pub fn apply_landlock_to_current_process(spec: &LandlockSpec) -> Result<LandlockOutcome, LandlockError> {
+pub fn apply_landlock_to_current_process(
+    spec: &LandlockSpec,
+) -> Result<LandlockOutcome, LandlockError> {
     let required = spec.requirement == Requirement::Required;
     let version = match sys::landlock_abi_version() {
         Ok(v) if v >= 1 => v,
-        Ok(_) => return skip_or_fail(required, std::io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
+        Ok(_) => {
+            return skip_or_fail(
+                required,
+                std::io::Error::from_raw_os_error(libc::EOPNOTSUPP),
+            );
+        }
         Err(e) => return skip_or_fail(required, e),
     };
     let abi = ABI::from(version);
@@ -62,7 +71,11 @@ pub fn apply_landlock_to_current_process(spec: &LandlockSpec) -> Result<Landlock
     let net_rules = spec.restrict_tcp && version >= 4;
     if spec.restrict_tcp && !net_rules {
         if required {
-            return Err(LandlockError::AbiTooOld { have: version, need: 4, what: "filter TCP ports" });
+            return Err(LandlockError::AbiTooOld {
+                have: version,
+                need: 4,
+                what: "filter TCP ports",
+            });
         }
         fully = false;
     }
@@ -75,7 +88,10 @@ pub fn apply_landlock_to_current_process(spec: &LandlockSpec) -> Result<Landlock
         ruleset = ruleset.scope(Scope::from_all(abi))?;
     }
     let mut created = ruleset.create()?;
-    for (paths, access) in [(&spec.read, AccessFs::from_read(abi)), (&spec.write, AccessFs::from_all(abi))] {
+    for (paths, access) in [
+        (&spec.read, AccessFs::from_read(abi)),
+        (&spec.write, AccessFs::from_all(abi)),
+    ] {
         for path in paths {
             // Optional binds that were absent on the host have no mount point here.
             let Ok(fd) = PathFd::new(path) else { continue };
@@ -103,13 +119,19 @@ pub fn apply_landlock_to_current_process(spec: &LandlockSpec) -> Result<Landlock
         }
         fully = false;
     }
-    Ok(LandlockOutcome { abi: version as u32, fully_enforced: fully })
+    Ok(LandlockOutcome {
+        abi: version as u32,
+        fully_enforced: fully,
+    })
 }
 
 fn skip_or_fail(required: bool, cause: std::io::Error) -> Result<LandlockOutcome, LandlockError> {
     if required {
         Err(LandlockError::Unavailable(cause))
     } else {
-        Ok(LandlockOutcome { abi: 0, fully_enforced: false })
+        Ok(LandlockOutcome {
+            abi: 0,
+            fully_enforced: false,
+        })
     }
 }

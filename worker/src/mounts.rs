@@ -61,12 +61,20 @@ const NEW_ROOT: &str = "/newroot";
 
 fn sys(operation: &'static str, path: &Path) -> impl FnOnce(nix::Error) -> MountError {
     let path = path.display().to_string();
-    move |source| MountError::Syscall { operation, path, source }
+    move |source| MountError::Syscall {
+        operation,
+        path,
+        source,
+    }
 }
 
 fn io_err(operation: &'static str, path: &Path) -> impl FnOnce(io::Error) -> MountError {
     let path = path.display().to_string();
-    move |source| MountError::Io { operation, path, source }
+    move |source| MountError::Io {
+        operation,
+        path,
+        source,
+    }
 }
 
 /// `/newroot` + a sandbox path.
@@ -125,8 +133,14 @@ fn locked_flags(path: &Path) -> Result<MsFlags, MountError> {
 /// Binds `source` on `target` (non-recursively: submounts of the host stay invisible) and
 /// remounts it nosuid, nodev, and read-only unless `writable`.
 fn bind(source: &Path, target: &Path, writable: bool, extra: MsFlags) -> Result<(), MountError> {
-    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .map_err(sys("bind", target))?;
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(sys("bind", target))?;
     let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | extra | locked_flags(target)?;
     if !writable {
         flags |= MsFlags::MS_RDONLY;
@@ -134,13 +148,29 @@ fn bind(source: &Path, target: &Path, writable: bool, extra: MsFlags) -> Result<
     mount(None::<&str>, target, None::<&str>, flags, None::<&str>).map_err(sys("remount", target))
 }
 
-fn mount_tmpfs(target: &Path, size_bytes: u64, mode: u32, flags: MsFlags) -> Result<(), MountError> {
+fn mount_tmpfs(
+    target: &Path,
+    size_bytes: u64,
+    mode: u32,
+    flags: MsFlags,
+) -> Result<(), MountError> {
     let options = format!("size={size_bytes},mode={mode:o}");
-    mount(Some("tmpfs"), target, Some("tmpfs"), flags, Some(options.as_str()))
-        .map_err(sys("mount tmpfs", target))
+    mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        flags,
+        Some(options.as_str()),
+    )
+    .map_err(sys("mount tmpfs", target))
 }
 
-fn apply_bind(source: &str, target: &str, writable: bool, optional: bool) -> Result<(), MountError> {
+fn apply_bind(
+    source: &str,
+    target: &str,
+    writable: bool,
+    optional: bool,
+) -> Result<(), MountError> {
     let from = in_old_root(source);
     let to = in_new_root(target);
     let meta = match fs::symlink_metadata(&from) {
@@ -172,35 +202,64 @@ fn apply_bind(source: &str, target: &str, writable: bool, optional: bool) -> Res
 fn build_dev(target: &str) -> Result<(), MountError> {
     let dev = in_new_root(target);
     create_dirs(&dev, 0o755)?;
-    mount_tmpfs(&dev, 64 << 10, 0o755, MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC)?;
+    mount_tmpfs(
+        &dev,
+        64 << 10,
+        0o755,
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+    )?;
     for name in ["null", "zero", "full", "random", "urandom"] {
         let node = dev.join(name);
         create_file(&node)?;
-        bind(&in_old_root(&format!("/dev/{name}")), &node, true, MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC)?;
+        bind(
+            &in_old_root(&format!("/dev/{name}")),
+            &node,
+            true,
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        )?;
     }
-    for (link, name) in [("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"), ("/proc/self/fd/1", "stdout"), ("/proc/self/fd/2", "stderr")] {
+    for (link, name) in [
+        ("/proc/self/fd", "fd"),
+        ("/proc/self/fd/0", "stdin"),
+        ("/proc/self/fd/1", "stdout"),
+        ("/proc/self/fd/2", "stderr"),
+    ] {
         let path = dev.join(name);
         symlink(link, &path).map_err(io_err("symlink", &path))?;
     }
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
-    mount(None::<&str>, &dev, None::<&str>, flags, None::<&str>).map_err(sys("remount read-only", &dev))
+    mount(None::<&str>, &dev, None::<&str>, flags, None::<&str>)
+        .map_err(sys("remount read-only", &dev))
 }
 
 fn apply(op: &MountOp) -> Result<(), MountError> {
     match op {
-        MountOp::Bind { source, target, writable, optional } => {
-            apply_bind(source, target, *writable, *optional)
-        }
-        MountOp::Tmpfs { target, size_bytes, mode } => {
+        MountOp::Bind {
+            source,
+            target,
+            writable,
+            optional,
+        } => apply_bind(source, target, *writable, *optional),
+        MountOp::Tmpfs {
+            target,
+            size_bytes,
+            mode,
+        } => {
             let path = in_new_root(target);
             create_dirs(&path, 0o755)?;
-            mount_tmpfs(&path, *size_bytes, *mode, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)
+            mount_tmpfs(
+                &path,
+                *size_bytes,
+                *mode,
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            )
         }
         MountOp::Proc { target } => {
             let path = in_new_root(target);
             create_dirs(&path, 0o555)?;
             let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-            mount(Some("proc"), &path, Some("proc"), flags, None::<&str>).map_err(sys("mount proc", &path))
+            mount(Some("proc"), &path, Some("proc"), flags, None::<&str>)
+                .map_err(sys("mount proc", &path))
         }
         MountOp::Dev { target } => build_dev(target),
         MountOp::Symlink { link_target, path } => {
@@ -221,8 +280,14 @@ pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
     let root = Path::new("/");
     // Propagation private first: nothing we mount may leak to the host, and no host mount
     // event may appear in the sandbox later.
-    mount(None::<&str>, root, None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(sys("make private", root))?;
+    mount(
+        None::<&str>,
+        root,
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(sys("make private", root))?;
 
     // The base tmpfs becomes the root, with the host root moved under /oldroot.
     let base = Path::new(BASE);
@@ -233,7 +298,12 @@ pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
     chdir(root).map_err(sys("chdir", root))?;
 
     let new_root = Path::new(NEW_ROOT);
-    mount_tmpfs(new_root, 1 << 20, 0o755, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)?;
+    mount_tmpfs(
+        new_root,
+        1 << 20,
+        0o755,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+    )?;
     for op in plan {
         // proc must be mounted while the host's /proc is still visible under /oldroot: the
         // kernel refuses a new procfs in a user namespace otherwise (mount_too_revealing).
@@ -241,7 +311,8 @@ pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
     }
     // The assembled root itself is read-only; writable places are the plan's binds and tmpfs.
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    mount(None::<&str>, new_root, None::<&str>, flags, None::<&str>).map_err(sys("remount read-only", new_root))?;
+    mount(None::<&str>, new_root, None::<&str>, flags, None::<&str>)
+        .map_err(sys("remount read-only", new_root))?;
 
     // Detach the host root, then make /newroot the root: pivot_root(".", ".") stacks the
     // old root on top, and the lazy unmount removes it (and the base tmpfs) for good.

@@ -45,7 +45,11 @@ fn resolve_executable(program: &str, spec: &SandboxSpec) -> String {
     if program.contains('/') {
         return program.to_string();
     }
-    let path = spec.env.iter().find(|(k, _)| k == "PATH").map_or("/usr/bin:/bin", |(_, v)| v.as_str());
+    let path = spec
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map_or("/usr/bin:/bin", |(_, v)| v.as_str());
     for dir in path.split(':').filter(|d| !d.is_empty()) {
         let candidate = format!("{dir}/{program}");
         if std::fs::metadata(&candidate).is_ok_and(|m| m.is_file()) {
@@ -115,11 +119,24 @@ fn os_error(what: &str) -> impl Fn(std::io::Error) -> RunError + '_ {
 }
 
 fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, RunError> {
-    let first = request.argv.first().ok_or(("empty argv".to_string(), None))?;
+    let first = request
+        .argv
+        .first()
+        .ok_or(("empty argv".to_string(), None))?;
     let resolved = resolve_executable(first, spec);
     let program = cstring(&resolved).ok_or(("executable path contains NUL".to_string(), None))?;
-    let argv: Vec<CString> = request.argv.iter().map(|a| cstring(a)).collect::<Option<_>>().ok_or(("argument contains NUL".to_string(), None))?;
-    let envp: Vec<CString> = spec.env.iter().map(|(k, v)| cstring(&format!("{k}={v}"))).collect::<Option<_>>().ok_or(("environment contains NUL".to_string(), None))?;
+    let argv: Vec<CString> = request
+        .argv
+        .iter()
+        .map(|a| cstring(a))
+        .collect::<Option<_>>()
+        .ok_or(("argument contains NUL".to_string(), None))?;
+    let envp: Vec<CString> = spec
+        .env
+        .iter()
+        .map(|(k, v)| cstring(&format!("{k}={v}")))
+        .collect::<Option<_>>()
+        .ok_or(("environment contains NUL".to_string(), None))?;
     let limit = usize::try_from(request.output_limit_bytes).unwrap_or(usize::MAX);
 
     let (error_read, error_write) = sys::cloexec_pipe().map_err(os_error("pipe"))?;
@@ -131,10 +148,23 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
             sys::cloexec_pipe().map_err(os_error("pipe"))?,
         ]),
     };
-    let child_stdio = pipes.as_ref().map(|[stdin, stdout, stderr]| [stdin.0.as_raw_fd(), stdout.1.as_raw_fd(), stderr.1.as_raw_fd()]);
+    let child_stdio = pipes.as_ref().map(|[stdin, stdout, stderr]| {
+        [
+            stdin.0.as_raw_fd(),
+            stdout.1.as_raw_fd(),
+            stderr.1.as_raw_fd(),
+        ]
+    });
 
     let pid = match sys::fork_single_threaded().map_err(os_error("fork"))? {
-        Forked::Child => exec_tool_in_child(spec, &program, &argv, &envp, child_stdio, error_write.as_raw_fd()),
+        Forked::Child => exec_tool_in_child(
+            spec,
+            &program,
+            &argv,
+            &envp,
+            child_stdio,
+            error_write.as_raw_fd(),
+        ),
         Forked::Parent(pid) => pid,
     };
     drop(error_write);
@@ -144,7 +174,13 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
     if let Ok(4) = nix::unistd::read(&error_read, &mut errno_bytes) {
         let errno = i32::from_ne_bytes(errno_bytes);
         let _ = sys::reap_all_children();
-        return Err((format!("cannot execute {resolved}: {}", std::io::Error::from_raw_os_error(errno)), Some(errno)));
+        return Err((
+            format!(
+                "cannot execute {resolved}: {}",
+                std::io::Error::from_raw_os_error(errno)
+            ),
+            Some(errno),
+        ));
     }
 
     let mut stdout = Capture::default();
@@ -156,7 +192,11 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
         let (_, stdin_write) = stdin;
         let (stdout_read, _) = stdout_pipe;
         let (stderr_read, _) = stderr_pipe;
-        for fd in [stdin_write.as_raw_fd(), stdout_read.as_raw_fd(), stderr_read.as_raw_fd()] {
+        for fd in [
+            stdin_write.as_raw_fd(),
+            stdout_read.as_raw_fd(),
+            stderr_read.as_raw_fd(),
+        ] {
             sys::set_nonblocking(fd).map_err(os_error("nonblocking"))?;
         }
         let mut stdin_write = Some(stdin_write);
@@ -175,13 +215,25 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
             }
             let mut fds = Vec::with_capacity(3);
             if stdout_open {
-                fds.push(libc::pollfd { fd: stdout_read.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+                fds.push(libc::pollfd {
+                    fd: stdout_read.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
             }
             if stderr_open {
-                fds.push(libc::pollfd { fd: stderr_read.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+                fds.push(libc::pollfd {
+                    fd: stderr_read.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
             }
             if let Some(w) = &stdin_write {
-                fds.push(libc::pollfd { fd: w.as_raw_fd(), events: libc::POLLOUT, revents: 0 });
+                fds.push(libc::pollfd {
+                    fd: w.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                });
             }
             // Wake up regularly to reap orphans and notice the tool's exit.
             let _ = sys::poll_descriptors(&mut fds, 20);

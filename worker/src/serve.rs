@@ -4,7 +4,8 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use airlock_protocol::{
-    LogLevel, LogRecord, PROTOCOL_VERSION, SandboxSpec, SupervisorMessage, WorkerMessage, read_frame, write_frame,
+    LogLevel, LogRecord, PROTOCOL_VERSION, SandboxSpec, SupervisorMessage, WorkerMessage,
+    read_frame, write_frame,
 };
 
 use crate::confine::confine_worker;
@@ -42,7 +43,12 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
     };
     let mut stream = UnixStream::from(owned);
 
-    if !send(&mut stream, &WorkerMessage::Hello { version: PROTOCOL_VERSION }) {
+    if !send(
+        &mut stream,
+        &WorkerMessage::Hello {
+            version: PROTOCOL_VERSION,
+        },
+    ) {
         return exit_code::PROTOCOL;
     }
     match receive(&mut stream) {
@@ -76,7 +82,10 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
             Some(_) => {
                 let _ = send(
                     &mut stream,
-                    &WorkerMessage::Log(LogRecord { level: LogLevel::Error, message: "unexpected message".into() }),
+                    &WorkerMessage::Log(LogRecord {
+                        level: LogLevel::Error,
+                        message: "unexpected message".into(),
+                    }),
                 );
                 return exit_code::PROTOCOL;
             }

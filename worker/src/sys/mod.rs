@@ -47,11 +47,19 @@ pub fn landlock_abi_version() -> io::Result<i32> {
 pub fn install_seccomp_filter(program: &[BpfInstruction]) -> io::Result<()> {
     let filters: Vec<libc::sock_filter> = program
         .iter()
-        .map(|i| libc::sock_filter { code: i.code, jt: i.jt, jf: i.jf, k: i.k })
+        .map(|i| libc::sock_filter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
         .collect();
     let len = u16::try_from(filters.len())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "seccomp program too long"))?;
-    let fprog = libc::sock_fprog { len, filter: filters.as_ptr().cast_mut() };
+    let fprog = libc::sock_fprog {
+        len,
+        filter: filters.as_ptr().cast_mut(),
+    };
     // SAFETY: `fprog` points at `filters`, which outlives the call; the kernel copies the
     // program during the syscall and keeps no pointer to our memory.
     let ret = unsafe {
@@ -76,7 +84,9 @@ pub fn close_descriptors_from(first: u32) -> io::Result<()> {
 /// Brings the loopback interface of the current network namespace up.
 pub fn bring_loopback_up() -> io::Result<()> {
     // SAFETY: plain socket creation; the fd is immediately owned by OwnedFd.
-    let fd = check_int(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    let fd = check_int(unsafe {
+        libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0)
+    })?;
     // SAFETY: `fd` was just returned by socket() and is owned by nobody else.
     let socket = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
@@ -111,7 +121,11 @@ pub fn fork_single_threaded() -> io::Result<Forked> {
     // SAFETY: the worker never starts threads (it is a freshly exec'd, tokio-free program),
     // so the child inherits no lock held by another thread.
     let pid = check_int(unsafe { libc::fork() })?;
-    Ok(if pid == 0 { Forked::Child } else { Forked::Parent(pid) })
+    Ok(if pid == 0 {
+        Forked::Child
+    } else {
+        Forked::Parent(pid)
+    })
 }
 
 /// Duplicates `old` onto `new` (clearing close-on-exec on `new`).
@@ -173,7 +187,11 @@ pub fn children_cpu_time_us() -> (u64, u64) {
     if ret != 0 {
         return (0, 0);
     }
-    let micros = |t: libc::timeval| (t.tv_sec as u64).saturating_mul(1_000_000).saturating_add(t.tv_usec as u64);
+    let micros = |t: libc::timeval| {
+        (t.tv_sec as u64)
+            .saturating_mul(1_000_000)
+            .saturating_add(t.tv_usec as u64)
+    };
     (micros(usage.ru_utime), micros(usage.ru_stime))
 }
 
@@ -217,7 +235,11 @@ pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 pub fn write_raw(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
     // SAFETY: `bytes` is a valid slice for the duration of the call; write does not retain it.
     let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
-    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 /// Blocks until every child has been reaped (ECHILD).
