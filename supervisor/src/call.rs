@@ -97,24 +97,22 @@ pub async fn call_tool(
         inherit_stdio: None,
     };
     let mut result = supervisor.run(run, cancel).await;
-    if result.ok {
-        if let Some(output_schema) = &tool.output {
-            match output_schema.check_text(
-                &result.stdout,
-                InputLimits {
-                    max_bytes: usize::MAX,
-                    ..InputLimits::default()
-                },
-            ) {
-                Ok(value) => result.output = Some(value),
-                Err(e) => {
-                    result.ok = false;
-                    result.output = None;
-                    result.error = Some(ToolError::new(
-                        ErrorKind::OutputInvalid,
-                        format!("output {}", e.to_string().trim_start_matches("input ")),
-                    ));
-                }
+    if let (true, Some(output_schema)) = (result.ok, &tool.output) {
+        match output_schema.check_text(
+            &result.stdout,
+            InputLimits {
+                max_bytes: usize::MAX,
+                ..InputLimits::default()
+            },
+        ) {
+            Ok(value) => result.output = Some(value),
+            Err(e) => {
+                result.ok = false;
+                result.output = None;
+                result.error = Some(ToolError::new(
+                    ErrorKind::OutputInvalid,
+                    format!("output {}", e.to_string().trim_start_matches("input ")),
+                ));
             }
         }
     }

@@ -160,7 +160,7 @@ impl Supervisor {
         let cgroup = match self.create_cgroup(&profile) {
             Ok(cgroup) => cgroup,
             Err(error) => {
-                result.error = Some(error);
+                result.error = Some(*error);
                 result.duration_ms = duration_ms(started.elapsed());
                 return result;
             }
@@ -176,7 +176,7 @@ impl Supervisor {
                 if let Some(cgroup) = cgroup {
                     let _ = cgroup.remove();
                 }
-                result.error = Some(error);
+                result.error = Some(*error);
                 result.duration_ms = duration_ms(started.elapsed());
                 return result;
             }
@@ -189,22 +189,23 @@ impl Supervisor {
         let _ = sys::signal_pidfd(&spawned.pidfd, libc::SIGKILL);
         wait_for_exit(&spawned.pidfd).await;
         let stats = cgroup.as_ref().and_then(|c| c.read_stats().ok());
-        if let Some(cgroup) = cgroup {
-            if let Err(e) = cgroup.remove() {
-                tracing::warn!(error = %e, "cgroup left behind");
-            }
+        if let Some(Err(e)) = cgroup.map(WorkerCgroup::remove) {
+            tracing::warn!(error = %error_chain(&e), "cgroup left behind");
         }
         result.duration_ms = duration_ms(started.elapsed());
         finish_result(&mut result, conversation, stats.as_ref(), &profile, &run);
         result
     }
 
-    fn create_cgroup(&self, profile: &CompiledProfile) -> Result<Option<WorkerCgroup>, ToolError> {
+    fn create_cgroup(
+        &self,
+        profile: &CompiledProfile,
+    ) -> Result<Option<WorkerCgroup>, Box<ToolError>> {
         let required = profile.require.cgroup == airlock_protocol::Requirement::Required;
         let parent = match &self.cgroups {
             Ok(parent) => parent,
             Err(why) if required => {
-                return Err(ToolError {
+                return Err(Box::new(ToolError {
                     step: Some("cgroup".into()),
                     ..ToolError::new(
                         ErrorKind::SandboxUnavailable,
@@ -212,7 +213,7 @@ impl Supervisor {
                             "cgroup limits are required but unavailable: {why}; run `airlock doctor`, or set require.cgroup = \"best_effort\""
                         ),
                     )
-                });
+                }));
             }
             Err(_) => return Ok(None),
         };
@@ -225,13 +226,13 @@ impl Supervisor {
         };
         match parent.create_worker_cgroup(&name, &limits) {
             Ok(cgroup) => Ok(Some(cgroup)),
-            Err(e) if required => Err(ToolError {
+            Err(e) if required => Err(Box::new(ToolError {
                 step: Some("cgroup".into()),
                 ..ToolError::new(
                     ErrorKind::SandboxUnavailable,
-                    format!("cannot create the worker's cgroup: {e}"),
+                    format!("cannot create the worker's cgroup: {}", error_chain(&e)),
                 )
-            }),
+            })),
             Err(_) => Ok(None),
         }
     }
@@ -242,10 +243,12 @@ impl Supervisor {
         cgroup: Option<&WorkerCgroup>,
         started: Instant,
         cancel: Option<&CancelSignal>,
-    ) -> Result<(Conversation, Spawned), ToolError> {
-        let unavailable = |step: &str, message: String| ToolError {
-            step: Some(step.to_string()),
-            ..ToolError::new(ErrorKind::SandboxUnavailable, message)
+    ) -> Result<(Conversation, Spawned), Box<ToolError>> {
+        let unavailable = |step: &str, message: String| {
+            Box::new(ToolError {
+                step: Some(step.to_string()),
+                ..ToolError::new(ErrorKind::SandboxUnavailable, message)
+            })
         };
         let stdio_mode = if run.inherit_stdio.is_some() {
             StdioMode::Inherit
@@ -273,12 +276,12 @@ impl Supervisor {
             Some(cg) => {
                 let dir = cg
                     .open_dir_v2()
-                    .map_err(|e| unavailable("cgroup", e.to_string()))?;
+                    .map_err(|e| unavailable("cgroup", error_chain(&e)))?;
                 let procs = if dir.is_some() {
                     Vec::new()
                 } else {
                     cg.open_procs_files()
-                        .map_err(|e| unavailable("cgroup", e.to_string()))?
+                        .map_err(|e| unavailable("cgroup", error_chain(&e)))?
                 };
                 (procs, dir)
             }
