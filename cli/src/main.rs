@@ -305,7 +305,11 @@ fn run_exec(
     })?;
     if json {
         write_stdout(&format!("{}\n", serde_json::to_string_pretty(&result)?))?;
-    } else if let Some(error) = &result.error {
+    } else if let Some(error) = result
+        .error
+        .as_ref()
+        .filter(|e| e.kind != ErrorKind::ToolFailed || result.exit_code.is_none())
+    {
         eprintln!(
             "airlock: {}: {}",
             serde_json::to_string(&error.kind)?.trim_matches('"'),

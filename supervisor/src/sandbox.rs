@@ -41,6 +41,9 @@ pub struct SupervisorOptions {
     pub sandbox_host_id: Option<u32>,
     /// A delegated cgroup parent instead of detecting our own cgroup.
     pub cgroup_parent: Option<CgroupParent>,
+    /// Run this program as the worker instead of the current executable, with these extra
+    /// arguments (tests use it to play a hostile worker).
+    pub worker_program: Option<(std::path::PathBuf, Vec<String>)>,
 }
 
 /// Starts sandboxes. Cheap to share behind an `Arc`.
@@ -120,8 +123,12 @@ impl Supervisor {
     /// Seals the worker image, starts the spawner, detects cgroups, becomes a subreaper.
     pub fn start(options: SupervisorOptions) -> Result<Self, SupervisorError> {
         sys::become_child_subreaper().map_err(SupervisorError::Subreaper)?;
-        let image = WorkerImage::seal_current_executable()?;
-        let spawner = Spawner::start(image, IdMapping::for_this_process(options.sandbox_host_id))?;
+        let (image, extra_args) = match &options.worker_program {
+            Some((path, args)) => (WorkerImage::seal_from(path)?, args.clone()),
+            None => (WorkerImage::seal_current_executable()?, Vec::new()),
+        };
+        let mapping = IdMapping::for_this_process(options.sandbox_host_id);
+        let spawner = Spawner::start(image, mapping, extra_args)?;
         let cgroups = match options.cgroup_parent {
             Some(parent) => Ok(parent),
             None => CgroupParent::detect().map_err(|e| e.to_string()),

@@ -185,14 +185,18 @@ pub struct Spawner {
 const WORKER_SOCKET_ARG_NAME: &str = "__airlock_worker";
 
 impl Spawner {
-    /// Starts the spawner thread.
-    pub fn start(image: WorkerImage, mapping: IdMapping) -> Result<Self, SpawnError> {
+    /// Starts the spawner thread. `extra_args` are appended to every worker's argv.
+    pub fn start(
+        image: WorkerImage,
+        mapping: IdMapping,
+        extra_args: Vec<String>,
+    ) -> Result<Self, SpawnError> {
         let (requests, receiver) = mpsc::channel::<(SpawnRequest, Reply)>();
         std::thread::Builder::new()
             .name("airlock-spawner".into())
             .spawn(move || {
                 while let Ok((request, reply)) = receiver.recv() {
-                    let _ = reply.send(spawn_worker(&image, mapping, request));
+                    let _ = reply.send(spawn_worker(&image, mapping, &extra_args, request));
                 }
             })
             .map_err(|source| SpawnError::Parent {
@@ -225,6 +229,7 @@ fn write_proc_file(pid: i32, file: &'static str, contents: &str) -> Result<(), S
 fn spawn_worker(
     image: &WorkerImage,
     mapping: IdMapping,
+    extra_args: &[String],
     request: SpawnRequest,
 ) -> Result<Spawned, SpawnError> {
     let parent = |operation| move |source| SpawnError::Parent { operation, source };
@@ -241,6 +246,7 @@ fn spawn_worker(
         CString::new(worker_end.as_raw_fd().to_string()),
     ]
     .into_iter()
+    .chain(extra_args.iter().map(|a| CString::new(a.as_str())))
     .collect::<Result<Vec<_>, _>>()
     .map_err(|e| SpawnError::Parent {
         operation: "build the worker argv",

@@ -1,1 +1,180 @@
-//! Shared helpers for airlock's integration tests.
+//! Shared helpers for airlock's integration tests: find the real binaries, write policies,
+//! run sandboxes, and skip loudly (or fail, under `AIRLOCK_MUST_WORK=1`) when the kernel
+//! lacks a feature.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// Whether skips must be failures (set by `.ci/run`).
+pub fn must_work() -> bool {
+    std::env::var("AIRLOCK_MUST_WORK").is_ok_and(|v| v == "1")
+}
+
+/// The directory holding the workspace's built binaries (target/debug or target/release).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test-binary>
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
+}
+
+/// The `airlock` binary under test.
+pub fn airlock_bin() -> PathBuf {
+    if let Ok(path) = std::env::var("AIRLOCK_BIN") {
+        return PathBuf::from(path);
+    }
+    let path = bin_dir().join("airlock");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo test --workspace` (it builds the airlock binary)",
+        path.display()
+    );
+    path
+}
+
+/// Skips (or fails under `AIRLOCK_MUST_WORK=1`) when the sandbox cannot start here.
+/// Returns true when the test may proceed.
+pub fn sandbox_available() -> bool {
+    static STATE: OnceLock<Result<(), String>> = OnceLock::new();
+    let state = STATE.get_or_init(|| {
+        let out = Command::new(airlock_bin())
+            .args(["exec", "--json", "--", "/bin/true"])
+            .output();
+        match out {
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(format!(
+                "`airlock exec -- /bin/true` failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )),
+            Err(e) => Err(format!("cannot run airlock: {e}")),
+        }
+    });
+    match state {
+        Ok(()) => true,
+        Err(reason) if must_work() => {
+            panic!("sandbox unavailable and AIRLOCK_MUST_WORK=1: {reason}")
+        }
+        Err(reason) => {
+            eprintln!("SKIP: sandbox unavailable on this machine: {reason}");
+            false
+        }
+    }
+}
+
+/// A scratch directory removed on drop.
+#[derive(Debug)]
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// A fresh directory under the system temp dir.
+    pub fn new(tag: &str) -> Self {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("airlock-test-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    /// Writes a file in it and returns its path.
+    pub fn write(&self, name: &str, contents: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A policy whose `default` profile reads the system dirs plus `extra_read`, with the given
+/// `limits` table body (e.g. `memory = "64MiB", pids = 16`) and network mode.
+pub fn test_policy(extra_read: &[&Path], limits: &str, network: &str) -> String {
+    let extra: Vec<String> = extra_read
+        .iter()
+        .map(|p| format!("{:?}", p.display().to_string()))
+        .collect();
+    let mut read = vec!["\"/usr\"".to_string()];
+    read.extend(extra);
+    format!(
+        r#"version = 1
+[profiles.default]
+read = [{}]
+read_optional = ["/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives"]
+tmpfs = {{ "/tmp" = "16MiB" }}
+network = "{network}"
+limits = {{ {limits} }}
+env = {{ PATH = "/usr/bin:/bin", LANG = "C.UTF-8" }}
+"#,
+        read.join(", ")
+    )
+}
+
+/// Runs `airlock exec --json [--policy FILE] -- cmd...` and returns the result record.
+pub fn exec_json(
+    policy: Option<&Path>,
+    extra_args: &[&str],
+    command: &[&str],
+) -> serde_json::Value {
+    let mut cmd = Command::new(airlock_bin());
+    cmd.arg("exec").arg("--json");
+    if let Some(policy) = policy {
+        cmd.arg("--policy").arg(policy);
+    }
+    cmd.args(extra_args).arg("--").args(command);
+    let out = cmd.output().expect("run airlock");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "airlock exec --json printed no result record ({e}); status {}; stdout {}; stderr {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Runs `airlock exec` with stdio passed through and returns the output.
+pub fn exec_plain(policy: Option<&Path>, extra_args: &[&str], command: &[&str]) -> Output {
+    let mut cmd = Command::new(airlock_bin());
+    cmd.arg("exec");
+    if let Some(policy) = policy {
+        cmd.arg("--policy").arg(policy);
+    }
+    cmd.args(extra_args).arg("--").args(command);
+    cmd.output().expect("run airlock")
+}
+
+/// stdout of a result record.
+pub fn stdout_of(result: &serde_json::Value) -> String {
+    result["stdout"].as_str().unwrap_or_default().to_string()
+}
+
+/// Host processes whose command line contains `marker` (excluding this test process).
+pub fn host_processes_with(marker: &str) -> Vec<u32> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if text.contains(marker) && !text.contains("airlock exec") && !text.contains("cargo") {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}

@@ -259,10 +259,11 @@ pub fn reap_all_children() -> io::Result<()> {
     }
 }
 
-/// Takes ownership of an inherited descriptor number after checking it is open.
+/// Takes ownership of an inherited descriptor number after checking it is open, and marks
+/// it close-on-exec so no tool process inherits it.
 pub fn adopt_descriptor(fd: RawFd) -> io::Result<OwnedFd> {
-    // SAFETY: F_GETFD only reads the descriptor's flags; it fails with EBADF if not open.
-    check_int(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    // SAFETY: F_SETFD only changes the descriptor's flags; it fails with EBADF if not open.
+    check_int(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) })?;
     // SAFETY: the descriptor is open (checked above) and was handed to this process by the
     // supervisor for exactly this purpose; nothing else in the worker owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

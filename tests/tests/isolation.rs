@@ -1,0 +1,189 @@
+//! What a tool sees from inside the default sandbox: every property asserted from within.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use airlock_tests::{exec_json, exec_plain, sandbox_available, stdout_of};
+
+fn sh(script: &str) -> serde_json::Value {
+    exec_json(None, &[], &["/bin/sh", "-c", script])
+}
+
+#[test]
+fn sandbox_root_is_not_host_root() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = sh("cat /proc/self/uid_map /proc/self/gid_map; id -u");
+    assert_eq!(result["ok"], true, "{result}");
+    let out = stdout_of(&result);
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[0], vec!["0", "65534", "1"], "{out}");
+    assert_eq!(lines[1], vec!["0", "65534", "1"], "{out}");
+    assert_eq!(lines[2], vec!["0"], "{out}");
+}
+
+#[test]
+fn tool_has_no_capabilities_and_runs_under_no_new_privs_and_seccomp() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = sh("grep -E '^(Cap|NoNewPrivs|Seccomp:)' /proc/self/status");
+    let out = stdout_of(&result);
+    for line in out.lines() {
+        let (key, value) = line.split_once(':').unwrap();
+        let value = value.trim();
+        match key {
+            k if k.starts_with("Cap") => assert_eq!(value, "0000000000000000", "{line}"),
+            "NoNewPrivs" => assert_eq!(value, "1"),
+            "Seccomp" => assert_eq!(value, "2"),
+            other => panic!("unexpected line {other}"),
+        }
+    }
+    assert_eq!(out.lines().count(), 7, "{out}");
+    assert_eq!(result["isolation"]["landlock"], "full", "{result}");
+    assert_eq!(
+        result["isolation"]["seccomp"].as_str().map(str::len),
+        Some(64)
+    );
+}
+
+#[test]
+fn proc_shows_only_the_sandbox_processes() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = sh("for p in /proc/[0-9]*; do echo ${p#/proc/}; done");
+    let pids: Vec<u32> = stdout_of(&result)
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    // The worker (1), the shell, and perhaps the glob's own helper: never the host's.
+    assert!(pids.contains(&1), "{pids:?}");
+    assert!(pids.len() <= 4, "{pids:?}");
+}
+
+#[test]
+fn root_holds_only_what_the_profile_grants() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = sh("cut -d' ' -f5 /proc/self/mountinfo");
+    let allowed = [
+        "/",
+        "/usr",
+        "/tmp",
+        "/proc",
+        "/dev",
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/random",
+        "/dev/urandom",
+        "/etc/ld.so.cache",
+        "/etc/localtime",
+        "/etc/ssl/certs",
+        "/etc/nsswitch.conf",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+        "/etc/alternatives",
+        "/etc/ca-certificates",
+    ];
+    let out = stdout_of(&result);
+    for mount_point in out.lines() {
+        assert!(
+            allowed.contains(&mount_point),
+            "unexpected mount {mount_point} in {out}"
+        );
+    }
+    assert!(out.lines().any(|m| m == "/usr"));
+}
+
+#[test]
+fn writes_outside_writable_places_fail_and_tmp_is_writable() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = sh(
+        "echo x > /usr/airlock-escape; echo $?; echo x > /airlock-escape; echo $?; echo ok > /tmp/f && cat /tmp/f",
+    );
+    let out = stdout_of(&result);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines, vec!["2", "2", "ok"], "{result}");
+    assert!(
+        result["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("Read-only file system"),
+        "{result}"
+    );
+    assert!(!std::path::Path::new("/usr/airlock-escape").exists());
+}
+
+#[test]
+fn host_secrets_are_unreachable() {
+    if !sandbox_available() {
+        return;
+    }
+    let result =
+        sh("cat /etc/shadow; echo $?; ls /root; echo $?; ls /home; echo $?; ls /sys; echo $?");
+    let out = stdout_of(&result);
+    let codes: Vec<&str> = out.lines().collect();
+    assert!(codes.iter().all(|c| *c != "0"), "{result}");
+}
+
+#[test]
+fn network_has_no_interface_but_a_down_loopback() {
+    if !sandbox_available() {
+        return;
+    }
+    let result =
+        sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; echo --; cat /proc/net/if_inet6");
+    assert_eq!(stdout_of(&result), "lo\n--\n", "{result}");
+}
+
+#[test]
+fn hostname_is_the_sandboxes() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = sh("cat /proc/sys/kernel/hostname");
+    assert_eq!(stdout_of(&result), "airlock\n");
+}
+
+#[test]
+fn tools_inherit_only_stdio() {
+    if !sandbox_available() {
+        return;
+    }
+    // `ls` opens the directory itself as fd 3.
+    let result = sh("ls /proc/self/fd");
+    let out = stdout_of(&result);
+    let fds: Vec<&str> = out.lines().map(str::trim).collect();
+    assert_eq!(fds, vec!["0", "1", "2", "3"], "{result}");
+}
+
+#[test]
+fn exec_passes_stdio_and_the_exit_code_through() {
+    if !sandbox_available() {
+        return;
+    }
+    let out = exec_plain(
+        None,
+        &[],
+        &["/bin/sh", "-c", "echo out; echo err >&2; exit 7"],
+    );
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
+    let out = exec_plain(None, &[], &["/bin/sh", "-c", "kill -9 $$"]);
+    assert_eq!(out.status.code(), Some(137));
+    let out = exec_plain(None, &[], &["/no/such/program"]);
+    assert_eq!(
+        out.status.code(),
+        Some(127),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
