@@ -519,6 +519,21 @@ fn finish_result(
             if let Some(applied) = applied {
                 apply_isolation(&mut result.isolation, &applied, profile);
             }
+            if pids_hit {
+                // A fork bomb spins until the deadline; the cause worth reporting is the cap.
+                result.error = Some(ToolError {
+                    timeout_ms: Some(duration_ms(run.timeout)),
+                    ..ToolError::new(
+                        ErrorKind::PidsLimit,
+                        format!(
+                            "the process limit of {} was reached and the deadline passed; every process was killed",
+                            profile.limits.pids
+                        ),
+                    )
+                });
+                result.ok = false;
+                return;
+            }
             result.error = Some(ToolError {
                 timeout_ms: Some(duration_ms(run.timeout)),
                 ..ToolError::new(

@@ -1,0 +1,122 @@
+//! Limits and deadlines: what happens to tools that run too long, eat memory, fork, flood
+//! their output or open too many files — and that nothing is left on the host afterwards.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use airlock_tests::{
+    Scratch, exec_json, host_processes_with, sandbox_available, stdout_of, test_policy,
+};
+
+#[test]
+fn deadline_kills_a_setsid_double_forked_sigterm_ignoring_tree() {
+    if !sandbox_available() {
+        return;
+    }
+    let marker = format!("1{}.25", std::process::id());
+    let script = format!(
+        "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep {marker}' & (sh -c 'sleep {marker} &' &); sleep {marker}"
+    );
+    let started = Instant::now();
+    let result = exec_json(None, &["--timeout", "1s"], &["/bin/sh", "-c", &script]);
+    let elapsed = started.elapsed();
+    assert_eq!(result["error"]["kind"], "timeout", "{result}");
+    assert_eq!(result["error"]["timeout_ms"], 1000);
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    let left = host_processes_with(&format!("sleep {marker}"));
+    assert!(left.is_empty(), "processes left on the host: {left:?}");
+}
+
+#[test]
+fn memory_bomb_gives_out_of_memory() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = exec_json(
+        None,
+        &["--memory", "32MiB"],
+        &[
+            "/bin/sh",
+            "-c",
+            "a=xxxxxxxxxxxxxxxx; while :; do a=$a$a; done",
+        ],
+    );
+    assert_eq!(result["error"]["kind"], "out_of_memory", "{result}");
+    assert!(
+        result["usage"]["peak_memory_bytes"].as_u64().unwrap() <= 32 << 20,
+        "{result}"
+    );
+}
+
+#[test]
+fn fork_bomb_is_contained_and_reported() {
+    if !sandbox_available() {
+        return;
+    }
+    let scratch = Scratch::new("forkbomb");
+    let policy = scratch.write(
+        "p.toml",
+        &test_policy(&[], "pids = 16, timeout = \"2s\"", "none"),
+    );
+    let marker = format!("2{}.5", std::process::id());
+    let script = format!("while :; do sleep {marker} & done");
+    let result = exec_json(Some(&policy), &[], &["/bin/sh", "-c", &script]);
+    assert_eq!(result["error"]["kind"], "pids_limit", "{result}");
+    assert!(host_processes_with(&format!("sleep {marker}")).is_empty());
+}
+
+#[test]
+fn output_flood_is_truncated_with_the_flag_set() {
+    if !sandbox_available() {
+        return;
+    }
+    let started = Instant::now();
+    let result = exec_json(
+        None,
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "head -c 104857600 /dev/zero | tr '\\0' x; head -c 1000000 /dev/zero >&2",
+        ],
+    );
+    assert_eq!(result["ok"], true, "{}", result["error"]);
+    assert_eq!(result["stdout_truncated"], true);
+    assert_eq!(result["stderr_truncated"], true);
+    assert_eq!(stdout_of(&result).len(), 64 << 10);
+    assert!(stdout_of(&result).bytes().all(|b| b == b'x'));
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn fd_bomb_hits_the_open_files_limit() {
+    if !sandbox_available() {
+        return;
+    }
+    let probe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_airlock-probe"));
+    let scratch = Scratch::new("fdbomb");
+    let policy = scratch.write("p.toml", &test_policy(&[&probe], "open_files = 32", "none"));
+    let result = exec_json(Some(&policy), &[], &[probe.to_str().unwrap(), "fd-bomb"]);
+    assert_eq!(stdout_of(&result).trim(), "opened=29 errno=24", "{result}");
+}
+
+#[test]
+fn cpu_time_and_limits_are_reported() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = exec_json(
+        None,
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done",
+        ],
+    );
+    assert_eq!(result["ok"], true);
+    assert!(result["usage"]["cpu_ms"].as_u64().unwrap() > 0, "{result}");
+    assert_eq!(result["isolation"]["limits"]["memory_bytes"], 256u64 << 20);
+    assert_eq!(result["isolation"]["limits"]["pids"], 64);
+    assert!(result["isolation"]["cgroup"] == "v1" || result["isolation"]["cgroup"] == "v2");
+}
