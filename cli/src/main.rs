@@ -360,6 +360,15 @@ fn main() -> ExitCode {
         let code = airlock_worker::worker_main(&args[2..]);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    // Logs go to stderr, filtered by RUST_LOG (default: warnings only).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check { files, json } => run_check(&files, json),

@@ -20,7 +20,7 @@ use crate::cancel::CancelSignal;
 use crate::cgroup::{CgroupLimits, CgroupParent, CgroupStats, WorkerCgroup};
 use crate::channel::{ChannelError, WorkerChannel};
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
-use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawned, Spawner, WorkerImage};
+use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawner, WorkerImage};
 use crate::sys;
 
 /// Why a supervisor could not start.
@@ -51,7 +51,6 @@ pub struct SupervisorOptions {
 pub struct Supervisor {
     spawner: Spawner,
     cgroups: Result<CgroupParent, String>,
-    counter: AtomicU64,
 }
 
 /// One run to perform.
@@ -93,16 +92,66 @@ enum Conversation {
     },
 }
 
-/// Kills the worker if the run is dropped midway (caller cancellation by drop).
-struct KillOnDrop<'a> {
-    pidfd: &'a OwnedFd,
-    armed: bool,
+/// Owns a worker's pidfd and cgroup until they are cleaned up. If the call is dropped
+/// midway (cancellation by drop), `Drop` kills the tree at once and a short-lived thread
+/// reaps the worker and removes its cgroup, so nothing is left behind either way.
+struct WorkerLease {
+    pidfd: Option<OwnedFd>,
+    cgroup: Option<WorkerCgroup>,
 }
 
-impl Drop for KillOnDrop<'_> {
+impl WorkerLease {
+    /// Kills the worker and, on v2, everything in its cgroup.
+    fn kill(&self) {
+        if let Some(cgroup) = &self.cgroup {
+            let _ = cgroup.kill_all();
+        }
+        if let Some(pidfd) = &self.pidfd {
+            let _ = sys::signal_pidfd(pidfd, libc::SIGKILL);
+        }
+    }
+
+    /// Removes the (empty) cgroup; the worker must have been reaped.
+    fn release(&mut self) {
+        self.pidfd = None;
+        if let Some(Err(e)) = self.cgroup.take().map(WorkerCgroup::remove) {
+            tracing::warn!(error = %error_chain(&e), "cgroup left behind");
+        }
+    }
+}
+
+impl Drop for WorkerLease {
     fn drop(&mut self) {
-        if self.armed {
-            let _ = sys::signal_pidfd(self.pidfd, libc::SIGKILL);
+        if self.pidfd.is_none() && self.cgroup.is_none() {
+            return;
+        }
+        self.kill();
+        let pidfd = self.pidfd.take();
+        let cgroup = self.cgroup.take();
+        let cleanup = move || {
+            if let Some(pidfd) = &pidfd {
+                reap_blocking(pidfd);
+            }
+            if let Some(Err(e)) = cgroup.map(WorkerCgroup::remove) {
+                tracing::warn!(error = %error_chain(&e), "cgroup left behind");
+            }
+        };
+        if std::thread::Builder::new()
+            .name("airlock-reaper".into())
+            .spawn(cleanup)
+            .is_err()
+        {
+            tracing::warn!("cannot start a reaper thread; a worker may stay a zombie");
+        }
+    }
+}
+
+/// Waits (blocking) for a killed worker to be reaped.
+fn reap_blocking(pidfd: &OwnedFd) {
+    for _ in 0..5000 {
+        match sys::try_reap_pidfd(pidfd) {
+            Ok(Some(_)) | Err(_) => return,
+            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
         }
     }
 }
@@ -133,11 +182,7 @@ impl Supervisor {
             Some(parent) => Ok(parent),
             None => CgroupParent::detect().map_err(|e| e.to_string()),
         };
-        Ok(Self {
-            spawner,
-            cgroups,
-            counter: AtomicU64::new(0),
-        })
+        Ok(Self { spawner, cgroups })
     }
 
     /// The cgroup parent, or why there is none.
@@ -173,32 +218,46 @@ impl Supervisor {
             }
         };
         result.isolation.cgroup = cgroup.as_ref().map(|c| c.version().to_string());
+        let mut lease = WorkerLease {
+            pidfd: None,
+            cgroup,
+        };
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "cgroup ready"
+        );
 
         let outcome = self
-            .spawn_and_converse(&run, cgroup.as_ref(), started, cancel)
+            .spawn_and_converse(&run, &mut lease, started, cancel)
             .await;
-        let (conversation, spawned) = match outcome {
-            Ok(pair) => pair,
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "conversation over"
+        );
+
+        // Single-use worker: whatever happened, it and everything it started die now.
+        lease.kill();
+        if let Some(pidfd) = &lease.pidfd {
+            wait_for_exit(pidfd).await;
+        }
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "worker reaped"
+        );
+        let stats = lease.cgroup.as_ref().and_then(|c| c.read_stats().ok());
+        lease.release();
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "cgroup removed"
+        );
+        let conversation = match outcome {
+            Ok(conversation) => conversation,
             Err(error) => {
-                if let Some(cgroup) = cgroup {
-                    let _ = cgroup.remove();
-                }
                 result.error = Some(*error);
                 result.duration_ms = duration_ms(started.elapsed());
                 return result;
             }
         };
-
-        // Single-use worker: whatever happened, it and everything it started die now.
-        if let Some(cgroup) = &cgroup {
-            let _ = cgroup.kill_all();
-        }
-        let _ = sys::signal_pidfd(&spawned.pidfd, libc::SIGKILL);
-        wait_for_exit(&spawned.pidfd).await;
-        let stats = cgroup.as_ref().and_then(|c| c.read_stats().ok());
-        if let Some(Err(e)) = cgroup.map(WorkerCgroup::remove) {
-            tracing::warn!(error = %error_chain(&e), "cgroup left behind");
-        }
         result.duration_ms = duration_ms(started.elapsed());
         finish_result(&mut result, conversation, stats.as_ref(), &profile, &run);
         result
@@ -224,7 +283,9 @@ impl Supervisor {
             }
             Err(_) => return Ok(None),
         };
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        // Process-wide, so several supervisors in one process never pick the same name.
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("airlock-{}-{n}", std::process::id());
         let limits = CgroupLimits {
             memory_bytes: profile.limits.memory_bytes,
@@ -247,10 +308,10 @@ impl Supervisor {
     async fn spawn_and_converse(
         &self,
         run: &SandboxRun,
-        cgroup: Option<&WorkerCgroup>,
+        lease: &mut WorkerLease,
         started: Instant,
         cancel: Option<&CancelSignal>,
-    ) -> Result<(Conversation, Spawned), Box<ToolError>> {
+    ) -> Result<Conversation, Box<ToolError>> {
         let unavailable = |step: &str, message: String| {
             Box::new(ToolError {
                 step: Some(step.to_string()),
@@ -279,7 +340,7 @@ impl Supervisor {
                 ));
             }
         };
-        let (join_cgroups, cgroup_dir) = match cgroup {
+        let (join_cgroups, cgroup_dir) = match &lease.cgroup {
             Some(cg) => {
                 let dir = cg
                     .open_dir_v2()
@@ -304,22 +365,21 @@ impl Supervisor {
             .await
             .map_err(|e| unavailable("spawn", error_chain(&e)))?;
 
-        let mut guard = KillOnDrop {
-            pidfd: &spawned.pidfd,
-            armed: true,
-        };
-        let stream = spawned
-            .socket
-            .try_clone()
-            .map_err(|e| unavailable("spawn", e.to_string()))
-            .and_then(|fd| {
-                let std_stream = std::os::unix::net::UnixStream::from(fd);
-                std_stream
-                    .set_nonblocking(true)
-                    .map_err(|e| unavailable("spawn", e.to_string()))?;
-                tokio::net::UnixStream::from_std(std_stream)
-                    .map_err(|e| unavailable("spawn", e.to_string()))
-            })?;
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            pid = spawned.pid,
+            "worker spawned"
+        );
+        // From here the lease owns the worker: dropping this future kills and reaps it.
+        lease.pidfd = Some(spawned.pidfd);
+        let stream = Ok(spawned.socket).and_then(|fd: OwnedFd| {
+            let std_stream = std::os::unix::net::UnixStream::from(fd);
+            std_stream
+                .set_nonblocking(true)
+                .map_err(|e| unavailable("spawn", e.to_string()))?;
+            tokio::net::UnixStream::from_std(std_stream)
+                .map_err(|e| unavailable("spawn", e.to_string()))
+        })?;
         // Worker reports carry at most two bounded outputs plus small fields.
         let max_frame = usize::try_from(run.profile.limits.output_bytes)
             .unwrap_or(usize::MAX)
@@ -362,9 +422,7 @@ impl Supervisor {
             other => other,
         };
         let _ = channel.send(&SupervisorMessage::Shutdown).await;
-        guard.armed = false;
-        drop(guard);
-        Ok((conversation, spawned))
+        Ok(conversation)
     }
 }
 
@@ -396,6 +454,7 @@ async fn converse(
         Ok(other) => return violation(format!("expected Hello, got {}", other.name())),
         Err(e) => return Conversation::Broken(e),
     }
+    tracing::debug!("worker said hello");
     if let Err(e) = channel
         .send(&SupervisorMessage::Hello {
             version: PROTOCOL_VERSION,
@@ -416,6 +475,7 @@ async fn converse(
         Ok(other) => return violation(format!("expected Ready, got {}", other.name())),
         Err(e) => return Conversation::Broken(e),
     };
+    tracing::debug!("worker confined");
     *applied_seen = Some(applied.clone());
     if let Err(e) = channel.send(&SupervisorMessage::Run(request)).await {
         return Conversation::Broken(e);

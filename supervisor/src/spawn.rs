@@ -196,7 +196,13 @@ impl Spawner {
             .name("airlock-spawner".into())
             .spawn(move || {
                 while let Ok((request, reply)) = receiver.recv() {
-                    let _ = reply.send(spawn_worker(&image, mapping, &extra_args, request));
+                    if let Err(Ok(orphan)) =
+                        reply.send(spawn_worker(&image, mapping, &extra_args, request))
+                    {
+                        // The caller gave up while we were spawning: do not leave it running.
+                        let _ = sys::signal_pidfd(&orphan.pidfd, libc::SIGKILL);
+                        reap_blocking(&orphan.pidfd);
+                    }
                 }
             })
             .map_err(|source| SpawnError::Parent {

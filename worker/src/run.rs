@@ -189,9 +189,11 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
     let mut exited_at: Option<Instant> = None;
 
     if let Some([stdin, stdout_pipe, stderr_pipe]) = pipes {
-        let (_, stdin_write) = stdin;
-        let (stdout_read, _) = stdout_pipe;
-        let (stderr_read, _) = stderr_pipe;
+        // Close the child's ends here, or the pipes never reach EOF.
+        let (stdin_read, stdin_write) = stdin;
+        let (stdout_read, stdout_write) = stdout_pipe;
+        let (stderr_read, stderr_write) = stderr_pipe;
+        drop((stdin_read, stdout_write, stderr_write));
         for fd in [
             stdin_write.as_raw_fd(),
             stdout_read.as_raw_fd(),

@@ -77,6 +77,10 @@ fn main() {
             })
             .unwrap();
             stream.write_all(&frame[..frame.len() / 2]).unwrap();
+            // Then hang up mid-frame (a worker that only stalls is caught by the deadline).
+            drop(stream);
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            return;
         }
         "length-bomb" => {
             // Variant 3 (Log), LogLevel::Info, then a string whose varint length (253 = u64

@@ -1,0 +1,92 @@
+//! Nothing is left behind: after 1,000 calls in a row no worker process, cgroup directory
+//! or mount of ours remains.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock::{SandboxRun, Supervisor, SupervisorOptions};
+use airlock_policy::load_policy_str;
+use airlock_tests::{airlock_bin, sandbox_available};
+
+fn our_cgroup_dirs(supervisor: &Supervisor) -> Vec<String> {
+    let prefix = format!("airlock-{}-", std::process::id());
+    let Ok(parent) = supervisor.cgroups() else {
+        return Vec::new();
+    };
+    parent
+        .dirs()
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).unwrap().flatten())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|name| name.starts_with(&prefix))
+        .collect()
+}
+
+fn our_children() -> Vec<String> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        children.extend(text.split_whitespace().map(str::to_string));
+    }
+    children
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
+    if !sandbox_available() {
+        return;
+    }
+    if std::env::var("RUST_LOG").is_ok() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_ansi(false)
+            .try_init();
+    }
+    let mounts_before = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .count();
+    let supervisor = Supervisor::start(SupervisorOptions {
+        worker_program: Some((airlock_bin(), Vec::new())),
+        ..Default::default()
+    })
+    .unwrap();
+    let policy = load_policy_str(
+        airlock_policy::presets::preset_text("default").unwrap(),
+        "default",
+    )
+    .unwrap();
+    let profile = Arc::clone(&policy.policy.profiles["default"]);
+    let started = Instant::now();
+    let calls: u32 = std::env::var("AIRLOCK_CLEANUP_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    for i in 0..calls {
+        let run = SandboxRun {
+            call_id: format!("c{i}"),
+            tool: "exec".into(),
+            profile: Arc::clone(&profile),
+            argv: vec!["/bin/true".into()],
+            stdin: Vec::new(),
+            arguments_json: "{}".into(),
+            timeout: Duration::from_secs(30),
+            inherit_stdio: None,
+        };
+        let result = supervisor.run(run, None).await;
+        assert!(result.ok, "call {i}: {result:?}");
+    }
+    let elapsed = started.elapsed();
+    eprintln!(
+        "{calls} calls in {elapsed:?} ({:?} per call)",
+        elapsed / calls
+    );
+    assert_eq!(our_cgroup_dirs(&supervisor), Vec::<String>::new());
+    assert_eq!(our_children(), Vec::<String>::new());
+    let mounts_after = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(mounts_before, mounts_after);
+}

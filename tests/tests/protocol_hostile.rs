@@ -1,0 +1,99 @@
+//! Hostile workers: the supervisor execs a worker that breaks the protocol, and must kill it
+//! and answer `protocol_violation` (or `timeout` for one that goes silent) — never panic,
+//! never hang, never grow without bound — and leave nothing behind.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock::{SandboxRun, Supervisor, SupervisorOptions};
+use airlock_policy::load_policy_str;
+use airlock_tests::sandbox_available;
+
+fn supervisor_with_worker(mode: &str) -> Supervisor {
+    let program = PathBuf::from(env!("CARGO_BIN_EXE_airlock-hostile-worker"));
+    Supervisor::start(SupervisorOptions {
+        worker_program: Some((program, vec![mode.to_string()])),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn run_for(timeout: Duration) -> SandboxRun {
+    let policy = load_policy_str(
+        airlock_policy::presets::preset_text("default").unwrap(),
+        "default",
+    )
+    .unwrap();
+    SandboxRun {
+        call_id: "c1".into(),
+        tool: "exec".into(),
+        profile: Arc::clone(&policy.policy.profiles["default"]),
+        argv: vec!["/bin/true".into()],
+        stdin: Vec::new(),
+        arguments_json: "{}".into(),
+        timeout,
+        inherit_stdio: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_frames_give_protocol_violation_and_a_killed_worker() {
+    if !sandbox_available() {
+        return;
+    }
+    let modes = [
+        "huge-prefix",
+        "garbage",
+        "bad-version",
+        "out-of-order",
+        "trailing",
+        "truncated",
+        "length-bomb",
+        "log-flood",
+        "oversized-report",
+        "report-twice",
+    ];
+    let mut failures = Vec::new();
+    for mode in modes {
+        let supervisor = supervisor_with_worker(mode);
+        let started = Instant::now();
+        let result = supervisor.run(run_for(Duration::from_secs(20)), None).await;
+        let kind = result.error.as_ref().map(|e| e.kind);
+        eprintln!(
+            "{mode:<18} → {:?} in {:?}: {}",
+            kind,
+            started.elapsed(),
+            result
+                .error
+                .as_ref()
+                .map(|e| e.message.as_str())
+                .unwrap_or("")
+        );
+        if kind != Some(airlock::ErrorKind::ProtocolViolation)
+            || started.elapsed() > Duration::from_secs(10)
+        {
+            failures.push(format!("{mode}: {result:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_worker_is_killed_at_the_deadline() {
+    if !sandbox_available() {
+        return;
+    }
+    let supervisor = supervisor_with_worker("silent");
+    let started = Instant::now();
+    let result = supervisor
+        .run(run_for(Duration::from_millis(500)), None)
+        .await;
+    assert_eq!(
+        result.error.as_ref().map(|e| e.kind),
+        Some(airlock::ErrorKind::Timeout),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
