@@ -300,6 +300,7 @@ fn run_exec(
             arguments_json: "{}".into(),
             timeout,
             inherit_stdio,
+            builtin: None,
         };
         anyhow::Ok(supervisor.run(run, None).await)
     })?;

@@ -6,6 +6,7 @@
 //! [`compile::CompiledPolicy`] of pure data for workers. [`load_policy_str`] runs all three.
 #![forbid(unsafe_code)]
 
+pub mod builtin;
 pub mod compile;
 pub mod diagnostic;
 pub mod model;

@@ -144,7 +144,12 @@ pub struct ToolFile {
     #[serde(default)]
     pub profile: Option<Spanned<String>>,
     /// argv template: literals, and `"{field}"` elements replaced by whole input fields.
-    pub command: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    pub command: Option<Spanned<Vec<Spanned<String>>>>,
+    /// A built-in tool instead of a command: `read_file`, `write_file`, `list_dir`, `edit`,
+    /// `bash`.
+    #[serde(default)]
+    pub builtin: Option<Spanned<String>>,
     /// Which input field goes to stdin, or `"$input"` for the whole input as JSON.
     #[serde(default)]
     pub stdin: Option<Spanned<String>>,
@@ -163,8 +168,9 @@ pub struct ToolFile {
     /// Overrides the profile's timeout.
     #[serde(default)]
     pub timeout: Option<Spanned<String>>,
-    /// JSON Schema of the input (draft-07 or 2020-12).
-    pub input: Spanned<toml::Value>,
+    /// JSON Schema of the input (draft-07 or 2020-12); built-ins have a default.
+    #[serde(default)]
+    pub input: Option<Spanned<toml::Value>>,
     /// Optional JSON Schema of the output (stdout parsed as JSON).
     #[serde(default)]
     pub output: Option<Spanned<toml::Value>>,

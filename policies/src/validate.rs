@@ -11,6 +11,7 @@ use regex::Regex;
 use serde_json::Value;
 use toml::Spanned;
 
+use crate::builtin::Builtin;
 use crate::diagnostic::{Diagnostic, Severity, Source};
 use crate::model::{
     LimitsFile, NetworkFile, PolicyFile, ProfileFile, RequireFile, SyscallsFile, ToolFile,
@@ -204,8 +205,10 @@ pub struct Tool {
     pub description: String,
     /// Profile name (exists).
     pub profile: String,
-    /// argv template; the first element is an absolute literal path.
+    /// argv template; the first element is an absolute literal path (empty for built-ins).
     pub command: Vec<ArgTemplate>,
+    /// The built-in this tool runs instead of a command.
+    pub builtin: Option<Builtin>,
     /// stdin source.
     pub stdin: StdinSource,
     /// Side effect.
@@ -738,17 +741,61 @@ fn check_tool(
         }
     };
 
-    let input_schema = check_schema(
-        c,
-        &file.input,
-        &format!("tool {tool_name}: input schema"),
-        strict_objects,
-    );
-    if let Some(schema) = &input_schema
+    let builtin = match (&file.command, &file.builtin) {
+        (Some(_), Some(b)) => {
+            c.error(
+                b.span(),
+                format!("tool {tool_name}: give either command or builtin, not both"),
+            );
+            None
+        }
+        (None, None) => {
+            c.error(
+                name.span(),
+                format!("tool {tool_name}: needs a command or a builtin"),
+            );
+            None
+        }
+        (None, Some(b)) => {
+            let found = Builtin::from_name(b.get_ref());
+            if found.is_none() {
+                let known: Vec<&str> = Builtin::ALL.iter().map(|b| b.name()).collect();
+                c.error(
+                    b.span(),
+                    format!(
+                        "tool {tool_name}: unknown builtin {:?}; known: {}",
+                        b.get_ref(),
+                        known.join(", ")
+                    ),
+                );
+            }
+            found
+        }
+        (Some(_), None) => None,
+    };
+    let input_schema = match (&file.input, builtin) {
+        (Some(input), _) => check_schema(
+            c,
+            input,
+            &format!("tool {tool_name}: input schema"),
+            strict_objects,
+        ),
+        (None, Some(b)) => Some(b.input_schema()),
+        (None, None) => {
+            if file.command.is_some() {
+                c.error(
+                    name.span(),
+                    format!("tool {tool_name}: command tools need an input schema"),
+                );
+            }
+            None
+        }
+    };
+    if let (Some(schema), Some(input)) = (&input_schema, &file.input)
         && schema.get("type").and_then(Value::as_str) != Some("object")
     {
         c.error(
-            file.input.span(),
+            input.span(),
             format!("tool {tool_name}: input schema must have type = \"object\""),
         );
     }
@@ -773,13 +820,15 @@ fn check_tool(
         .unwrap_or_default();
 
     let mut command = Vec::new();
-    if file.command.get_ref().is_empty() {
+    let no_command = Spanned::new(0..0, Vec::new());
+    let command_file = file.command.as_ref().unwrap_or(&no_command);
+    if file.command.is_some() && command_file.get_ref().is_empty() {
         c.error(
-            file.command.span(),
+            command_file.span(),
             format!("tool {tool_name}: command must name an executable"),
         );
     }
-    for (index, element) in file.command.get_ref().iter().enumerate() {
+    for (index, element) in command_file.get_ref().iter().enumerate() {
         let text = element.get_ref();
         let field = text.strip_prefix('{').and_then(|t| t.strip_suffix('}'));
         match field {
@@ -837,7 +886,12 @@ fn check_tool(
         .as_ref()
         .map(|s| (s.get_ref().as_str(), s.span()))
     {
-        None => SideEffect::Destructive,
+        // Undeclared: built-ins know what they do; commands are assumed destructive.
+        None => match builtin {
+            Some(b) if b.is_read_only() => SideEffect::Read,
+            Some(Builtin::WriteFile | Builtin::Edit) => SideEffect::Write,
+            _ => SideEffect::Destructive,
+        },
         Some(("read", _)) => SideEffect::Read,
         Some(("write", _)) => SideEffect::Write,
         Some(("destructive", _)) => SideEffect::Destructive,
@@ -899,6 +953,7 @@ fn check_tool(
         description: file.description.get_ref().clone(),
         profile: profile_name,
         command,
+        builtin,
         stdin,
         side_effect,
         category: file.category.as_ref().map(|c| c.get_ref().clone()),

@@ -270,3 +270,37 @@ fn side_effect_defaults_to_destructive() {
         SideEffect::Destructive
     );
 }
+
+#[test]
+fn tools_need_exactly_one_known_builtin_or_a_command_with_an_input_schema() {
+    let both = errors(&tool(&format!(
+        "description = \"d\"\ncommand = [\"/bin/true\"]\nbuiltin = \"bash\"\n{INPUT}"
+    )));
+    assert!(both[0].contains("either command or builtin"), "{both:?}");
+    let neither = errors(&tool("description = \"d\""));
+    assert!(
+        neither[0].contains("needs a command or a builtin"),
+        "{neither:?}"
+    );
+    let unknown = errors(&tool("description = \"d\"\nbuiltin = \"rm_rf\""));
+    assert!(
+        unknown[0].contains("unknown builtin \"rm_rf\""),
+        "{unknown:?}"
+    );
+    let no_input = errors(&tool("description = \"d\"\ncommand = [\"/bin/true\"]"));
+    assert!(no_input[0].contains("need an input schema"), "{no_input:?}");
+    let loaded = load_policy_str(
+        &tool("description = \"d\"\nbuiltin = \"read_file\""),
+        "p.toml",
+    )
+    .unwrap();
+    let t = &loaded.policy.tools["t"];
+    assert_eq!(t.tool.side_effect, SideEffect::Read);
+    assert!(t.tool.command.is_empty());
+    assert!(t.input.check_value(&json!({"path": "/x"})).is_ok());
+    assert!(
+        t.input
+            .check_value(&json!({"path": "/x", "more": 1}))
+            .is_err()
+    );
+}

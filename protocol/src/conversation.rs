@@ -237,6 +237,7 @@ mod tests {
             arguments_json: "{}".into(),
             output_limit_bytes: 1,
             stdio: StdioMode::Capture,
+            builtin: None,
         })
     }
 

@@ -62,6 +62,8 @@ pub struct RunRequest {
     pub output_limit_bytes: u64,
     /// Whether the tool's stdio is captured or is the worker's own (`airlock exec`).
     pub stdio: StdioMode,
+    /// A built-in tool to run (by name) instead of `argv`; its input is `arguments_json`.
+    pub builtin: Option<String>,
 }
 
 /// Where a tool's stdin, stdout and stderr go.

@@ -95,6 +95,7 @@ pub async fn call_tool(
         arguments_json: input.to_string(),
         timeout: tool.tool.timeout,
         inherit_stdio: None,
+        builtin: tool.tool.builtin.map(|b| b.name().to_string()),
     };
     let mut result = supervisor.run(run, cancel).await;
     if let (true, Some(output_schema)) = (result.ok, &tool.output) {

@@ -72,6 +72,8 @@ pub struct SandboxRun {
     pub timeout: Duration,
     /// `Some` passes these descriptors through as the tool's stdin, stdout, stderr.
     pub inherit_stdio: Option<[OwnedFd; 3]>,
+    /// A built-in tool to run instead of `argv` (its input is `arguments_json`).
+    pub builtin: Option<String>,
 }
 
 /// What the worker conversation produced.
@@ -394,6 +396,7 @@ impl Supervisor {
             arguments_json: run.arguments_json.clone(),
             output_limit_bytes: run.profile.limits.output_bytes,
             stdio: stdio_mode,
+            builtin: run.builtin.clone(),
         };
         let deadline = tokio::time::Instant::from_std(started + run.timeout);
         let mut applied_seen: Option<AppliedIsolation> = None;

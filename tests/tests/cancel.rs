@@ -34,6 +34,7 @@ async fn dropping_a_running_call_kills_its_worker() {
         arguments_json: "{}".into(),
         timeout: Duration::from_secs(30),
         inherit_stdio: None,
+        builtin: None,
     };
     let call = supervisor.run(run, None);
     let _ = tokio::time::timeout(Duration::from_millis(500), call).await;
@@ -67,6 +68,7 @@ async fn cancelling_a_call_returns_cancelled_and_kills_the_tree() {
         arguments_json: "{}".into(),
         timeout: Duration::from_secs(30),
         inherit_stdio: None,
+        builtin: None,
     };
     let signal = airlock::CancelSignal::new();
     let trigger = signal.clone();

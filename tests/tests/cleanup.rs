@@ -73,6 +73,7 @@ async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
             arguments_json: "{}".into(),
             timeout: Duration::from_secs(30),
             inherit_stdio: None,
+            builtin: None,
         };
         let result = supervisor.run(run, None).await;
         assert!(result.ok, "call {i}: {result:?}");

@@ -35,6 +35,7 @@ fn run_for(timeout: Duration) -> SandboxRun {
         arguments_json: "{}".into(),
         timeout,
         inherit_stdio: None,
+        builtin: None,
     }
 }
 

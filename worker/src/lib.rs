@@ -4,6 +4,7 @@
 //! speaks the protocol, runs [`confine::confine_worker`] — the whole recipe in one function
 //! — and then runs the tool. All unsafe code sits in [`sys`].
 
+pub mod builtin;
 pub mod confine;
 pub mod landlock;
 pub mod mounts;

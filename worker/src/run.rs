@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use airlock_protocol::{ExitStatus, RunRequest, SandboxSpec, StdioMode, ToolExit, WorkerMessage};
 
+use crate::builtin::{BuiltinPlan, plan_builtin};
 use crate::sys::{self, Forked};
 
 /// How long output may keep flowing after the tool itself exited (descendants holding the
@@ -67,6 +68,7 @@ fn exec_tool_in_child(
     envp: &[CString],
     stdio: Option<[RawFd; 3]>,
     error_pipe: RawFd,
+    builtin: Option<(&str, &str)>,
 ) -> ! {
     let fail = |errno: i32| -> ! {
         let bytes = errno.to_ne_bytes();
@@ -86,6 +88,24 @@ fn exec_tool_in_child(
     }
     if let Err(e) = nix::unistd::chdir(spec.cwd.as_str()) {
         fail(e as i32);
+    }
+    if let Some((name, arguments)) = builtin {
+        // Started: close the error pipe so the parent drains our output meanwhile.
+        let _ = nix::unistd::close(error_pipe);
+        match plan_builtin(name, arguments) {
+            BuiltinPlan::Done(code) => sys::exit_immediately(code),
+            BuiltinPlan::Exec(shell_argv) => {
+                let Some(argv) = shell_argv
+                    .iter()
+                    .map(|a| cstring(a))
+                    .collect::<Option<Vec<_>>>()
+                else {
+                    sys::exit_immediately(127)
+                };
+                let _ = sys::execute(&argv[0], &argv, envp);
+                sys::exit_immediately(127)
+            }
+        }
     }
     let error = sys::execute(program, argv, envp);
     fail(error.raw_os_error().unwrap_or(libc::EIO))
@@ -119,10 +139,15 @@ fn os_error(what: &str) -> impl Fn(std::io::Error) -> RunError + '_ {
 }
 
 fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, RunError> {
-    let first = request
-        .argv
-        .first()
-        .ok_or(("empty argv".to_string(), None))?;
+    let builtin = request
+        .builtin
+        .as_deref()
+        .map(|name| (name, request.arguments_json.as_str()));
+    let first = match (request.argv.first(), builtin) {
+        (Some(first), _) => first.as_str(),
+        (None, Some((name, _))) => name,
+        (None, None) => return Err(("empty argv".to_string(), None)),
+    };
     let resolved = resolve_executable(first, spec);
     let program = cstring(&resolved).ok_or(("executable path contains NUL".to_string(), None))?;
     let argv: Vec<CString> = request
@@ -164,6 +189,7 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
             &envp,
             child_stdio,
             error_write.as_raw_fd(),
+            builtin,
         ),
         Forked::Parent(pid) => pid,
     };

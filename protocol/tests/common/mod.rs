@@ -129,8 +129,9 @@ prop_compose! {
         arguments_json in text(),
         output_limit_bytes in any::<u64>(),
         stdio in stdio_mode(),
+        builtin in proptest::option::of(text()),
     ) -> RunRequest {
-        RunRequest { call_id, tool, argv, stdin, arguments_json, output_limit_bytes, stdio }
+        RunRequest { call_id, tool, argv, stdin, arguments_json, output_limit_bytes, stdio, builtin }
     }
 }
 
@@ -299,6 +300,7 @@ pub fn sample_supervisor_messages() -> Vec<SupervisorMessage> {
             arguments_json: r#"{"text":"hello sandbox"}"#.into(),
             output_limit_bytes: 65536,
             stdio: StdioMode::Capture,
+            builtin: None,
         }),
         SupervisorMessage::Shutdown,
     ]
