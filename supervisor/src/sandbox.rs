@@ -148,6 +148,40 @@ impl Drop for WorkerLease {
     }
 }
 
+/// Removes empty worker cgroups left by supervisors that died (SIGKILL gives them no chance
+/// to clean up). Names are `airlock-<supervisor pid>-<n>`; only those whose supervisor is
+/// gone are touched, and rmdir fails harmlessly on a cgroup that still holds a process.
+fn remove_stale_worker_cgroups(parent: &CgroupParent) {
+    for dir in parent.dirs() {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let Some(pid) = name
+                .strip_prefix("airlock-")
+                .and_then(|rest| rest.split_once('-'))
+                .and_then(|(pid, n)| n.parse::<u64>().ok().and(pid.parse::<i32>().ok()))
+            else {
+                continue;
+            };
+            if pid == std::process::id() as i32
+                || std::path::Path::new(&format!("/proc/{pid}")).exists()
+            {
+                continue;
+            }
+            match std::fs::remove_dir(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(cgroup = %entry.path().display(), "removed a stale worker cgroup")
+                }
+                Err(e) => {
+                    tracing::debug!(cgroup = %entry.path().display(), error = %e, "stale worker cgroup not removed")
+                }
+            }
+        }
+    }
+}
+
 /// Waits (blocking) for a killed worker to be reaped.
 fn reap_blocking(pidfd: &OwnedFd) {
     for _ in 0..5000 {
@@ -184,6 +218,9 @@ impl Supervisor {
             Some(parent) => Ok(parent),
             None => CgroupParent::detect().map_err(|e| e.to_string()),
         };
+        if let Ok(parent) = &cgroups {
+            remove_stale_worker_cgroups(parent);
+        }
         Ok(Self { spawner, cgroups })
     }
 

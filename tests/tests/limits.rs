@@ -120,3 +120,56 @@ fn cpu_time_and_limits_are_reported() {
     assert_eq!(result["isolation"]["limits"]["pids"], 64);
     assert!(result["isolation"]["cgroup"] == "v1" || result["isolation"]["cgroup"] == "v2");
 }
+
+#[test]
+fn supervisor_death_kills_its_workers() {
+    if !sandbox_available() {
+        return;
+    }
+    let marker = format!("5{}.5", std::process::id());
+    let mut supervisor = std::process::Command::new(airlock_tests::airlock_bin())
+        .args([
+            "exec",
+            "--json",
+            "--",
+            "/bin/sh",
+            "-c",
+            &format!("sleep {marker}"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pattern = format!("sleep {marker}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host_processes_with(&pattern).is_empty() {
+        assert!(Instant::now() < deadline, "the tool never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dead_pid = supervisor.id();
+    supervisor.kill().unwrap();
+    supervisor.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !host_processes_with(&pattern).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "workers outlived their supervisor: {:?}",
+            host_processes_with(&pattern)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The dead supervisor could not remove its worker's cgroup; the next one sweeps it.
+    let next = exec_json(None, &[], &["/bin/true"]);
+    assert_eq!(next["ok"], true);
+    let stale = format!("airlock-{dead_pid}-");
+    for root in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"] {
+        if let Ok(entries) = std::fs::read_dir(root) {
+            for entry in entries.flatten() {
+                assert!(
+                    !entry.file_name().to_string_lossy().starts_with(&stale),
+                    "stale cgroup {:?}",
+                    entry.path()
+                );
+            }
+        }
+    }
+}
