@@ -9,6 +9,7 @@ use std::sync::Arc;
 use airlock_protocol::{LandlockSpec, MountOp, NetworkMode, Rlimits, SandboxSpec, SeccompSpec};
 use serde_json::Value;
 
+use crate::rules::GatePolicy;
 use crate::schema::{CompiledSchema, SchemaError, compile_schema};
 use crate::seccomp::{SeccompError, compile_seccomp_program, digest_program};
 use crate::validate::{
@@ -87,6 +88,8 @@ pub struct CompiledPolicy {
     pub profiles: BTreeMap<String, Arc<CompiledProfile>>,
     /// Tools by name.
     pub tools: BTreeMap<String, CompiledTool>,
+    /// Decision rules, rate limits, approval and audit settings.
+    pub gate: GatePolicy,
 }
 
 /// Mount targets ordered parents first, so a nested bind lands on top of its parent.
@@ -247,6 +250,7 @@ pub fn compile_policy(
         })
         .collect::<Result<_, CompileError>>()?;
     Ok(CompiledPolicy {
+        gate: policy.gate.clone(),
         version: sha256_hex(source_text.as_bytes()),
         profiles,
         tools,

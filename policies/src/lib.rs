@@ -11,6 +11,7 @@ pub mod compile;
 pub mod diagnostic;
 pub mod model;
 pub mod presets;
+pub mod rules;
 pub mod schema;
 pub mod seccomp;
 pub mod syscalls;

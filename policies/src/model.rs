@@ -24,6 +24,83 @@ pub struct PolicyFile {
     /// Tools by name.
     #[serde(default)]
     pub tools: BTreeMap<Spanned<String>, ToolFile>,
+    /// Decision when no rule matches: `allow` (default), `deny` or `review`.
+    #[serde(default)]
+    pub default_decision: Option<Spanned<String>>,
+    /// Ordered decision rules; the first that matches decides.
+    #[serde(default)]
+    pub rules: Vec<RuleFile>,
+    /// Rate limits across all tools.
+    #[serde(default)]
+    pub rate_limits: Option<RateLimitsFile>,
+    /// Audit settings.
+    #[serde(default)]
+    pub audit: Option<AuditFile>,
+    /// Two-phase approval settings.
+    #[serde(default)]
+    pub approvals: Option<ApprovalsFile>,
+}
+
+/// One decision rule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleFile {
+    /// Name reported when the rule fires (default `rules[INDEX]`).
+    #[serde(default)]
+    pub name: Option<Spanned<String>>,
+    /// What it matches: `read_only`, `tool`, `category` or `pattern`.
+    #[serde(rename = "match")]
+    pub matches: Spanned<String>,
+    /// `allow`, `deny` or `review`.
+    pub decision: Spanned<String>,
+    /// `tool`: these tools; `pattern`: only these tools (all when absent).
+    #[serde(default)]
+    pub tools: Vec<Spanned<String>>,
+    /// `category`: these categories.
+    #[serde(default)]
+    pub categories: Vec<Spanned<String>>,
+    /// `pattern`: the input field the patterns look at.
+    #[serde(default)]
+    pub field: Option<Spanned<String>>,
+    /// `pattern`: regular expressions (any match fires the rule).
+    #[serde(default)]
+    pub patterns: Vec<Spanned<String>>,
+    /// `pattern`: a shipped pattern set (`dangerous_shell`).
+    #[serde(default)]
+    pub preset: Option<Spanned<String>>,
+}
+
+/// Policy-wide rate limits.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitsFile {
+    /// Calls per session, like `"60/1m"`.
+    #[serde(default)]
+    pub session: Option<Spanned<String>>,
+    /// Calls per tool (each tool its own bucket) unless the tool sets its own.
+    #[serde(default)]
+    pub tool: Option<Spanned<String>>,
+}
+
+/// Audit settings.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditFile {
+    /// Put the (sanitised) arguments in audit records. Off by default: they may be secret.
+    #[serde(default)]
+    pub include_input: Option<Spanned<bool>>,
+}
+
+/// Two-phase approval settings.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsFile {
+    /// How long a proposal stays executable (default `15m`).
+    #[serde(default)]
+    pub ttl: Option<Spanned<String>>,
+    /// Most pending proposals (default 1000).
+    #[serde(default)]
+    pub max_pending: Option<Spanned<i64>>,
 }
 
 /// A sandbox profile: what a worker may do.
@@ -174,6 +251,18 @@ pub struct ToolFile {
     /// Optional JSON Schema of the output (stdout parsed as JSON).
     #[serde(default)]
     pub output: Option<Spanned<toml::Value>>,
+    /// Safe to run concurrently with other calls (default false).
+    #[serde(default)]
+    pub concurrency_safe: Option<Spanned<bool>>,
+    /// Declared needs: `fs:read`, `fs:write`, `network`, `subprocess`.
+    #[serde(default)]
+    pub permissions: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `active` (default), `deferred` or `suspended`.
+    #[serde(default)]
+    pub state: Option<Spanned<String>>,
+    /// This tool's own rate limit, like `"10/1m"`.
+    #[serde(default)]
+    pub rate_limit: Option<Spanned<String>>,
 }
 
 #[cfg(test)]

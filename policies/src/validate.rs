@@ -16,6 +16,7 @@ use crate::diagnostic::{Diagnostic, Severity, Source};
 use crate::model::{
     LimitsFile, NetworkFile, PolicyFile, ProfileFile, RequireFile, SyscallsFile, ToolFile,
 };
+use crate::rules::{Decision, GatePolicy, RateLimit, Rule, RuleMatch, preset_patterns};
 use crate::schema::compile_schema;
 use crate::seccomp::{DEFAULT_ALLOW, SocketFamilies, SyscallPolicy, is_never_allowed};
 use crate::syscalls::syscall_number;
@@ -64,6 +65,8 @@ static TOOL_NAME: LazyLock<Result<Regex, regex::Error>> =
 /// A validated policy: plain values, every reference resolved.
 #[derive(Debug, Clone)]
 pub struct ValidatedPolicy {
+    /// Decision rules, rate limits, approval and audit settings.
+    pub gate: GatePolicy,
     /// Close plain object schemas.
     pub strict_objects: bool,
     /// Profiles by name.
@@ -196,6 +199,33 @@ pub enum Approval {
     Human,
 }
 
+/// Whether a tool can be listed and called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolState {
+    /// Listed and callable.
+    Active,
+    /// Known but not offered yet.
+    Deferred,
+    /// Taken out of service.
+    Suspended,
+}
+
+impl ToolState {
+    /// Parses `active`, `deferred`, `suspended`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "active" => Some(ToolState::Active),
+            "deferred" => Some(ToolState::Deferred),
+            "suspended" => Some(ToolState::Suspended),
+            _ => None,
+        }
+    }
+}
+
+/// Permissions a tool may declare.
+pub const PERMISSIONS: [&str; 4] = ["fs:read", "fs:write", "network", "subprocess"];
+
 /// A validated tool.
 #[derive(Debug, Clone)]
 pub struct Tool {
@@ -221,6 +251,14 @@ pub struct Tool {
     pub retries: u32,
     /// Deadline of one attempt (the tool's own, or its profile's).
     pub timeout: Duration,
+    /// Safe to run concurrently with other calls.
+    pub concurrency_safe: bool,
+    /// Declared permissions (`fs:read`, `fs:write`, `network`, `subprocess`), if declared.
+    pub permissions: Option<Vec<String>>,
+    /// Availability at load time.
+    pub state: ToolState,
+    /// This tool's own rate limit.
+    pub rate_limit: Option<RateLimit>,
     /// Input JSON Schema.
     pub input_schema: Value,
     /// Output JSON Schema.
@@ -940,6 +978,72 @@ fn check_tool(
         );
     }
 
+    let concurrency_safe = file.concurrency_safe.as_ref().is_some_and(|v| *v.get_ref());
+    let permissions = file.permissions.as_ref().map(|list| {
+        list.get_ref()
+            .iter()
+            .filter_map(|p| {
+                if PERMISSIONS.contains(&p.get_ref().as_str()) {
+                    Some(p.get_ref().clone())
+                } else {
+                    c.error(
+                        p.span(),
+                        format!(
+                            "tool {tool_name}: unknown permission {:?}; use {}",
+                            p.get_ref(),
+                            PERMISSIONS.join(", ")
+                        ),
+                    );
+                    None
+                }
+            })
+            .collect::<Vec<_>>()
+    });
+    if let (Some(declared), Some(profile), Some(list)) = (&permissions, profile, &file.permissions)
+    {
+        if !profile.write.is_empty() && !declared.iter().any(|p| p == "fs:write") {
+            c.warning(
+                list.span(),
+                format!(
+                    "tool {tool_name} does not declare fs:write but profile {} has write paths",
+                    profile.name
+                ),
+            );
+        }
+        if profile.network != Network::None && !declared.iter().any(|p| p == "network") {
+            c.warning(
+                list.span(),
+                format!(
+                    "tool {tool_name} does not declare network but profile {} has network",
+                    profile.name
+                ),
+            );
+        }
+    }
+    let state = match &file.state {
+        None => ToolState::Active,
+        Some(s) => ToolState::from_name(s.get_ref()).unwrap_or_else(|| {
+            c.error(
+                s.span(),
+                format!(
+                    "tool {tool_name}: state must be active, deferred or suspended, not {:?}",
+                    s.get_ref()
+                ),
+            );
+            ToolState::Active
+        }),
+    };
+    let rate_limit = file
+        .rate_limit
+        .as_ref()
+        .and_then(|r| match RateLimit::parse(r.get_ref()) {
+            Ok(limit) => Some(limit),
+            Err(e) => {
+                c.error(r.span(), format!("tool {tool_name}: {e}"));
+                None
+            }
+        });
+
     let after = c
         .diagnostics
         .iter()
@@ -949,6 +1053,10 @@ fn check_tool(
         return None;
     }
     Some(Tool {
+        concurrency_safe,
+        permissions,
+        state,
+        rate_limit,
         name: tool_name,
         description: file.description.get_ref().clone(),
         profile: profile_name,
@@ -999,12 +1107,15 @@ pub fn validate_policy(
         })
         .collect();
 
+    let gate = check_gate(&mut c, file, &tools);
+
     let mut diagnostics = c.diagnostics;
     diagnostics.sort_by_key(|d| (d.line, d.column));
     if diagnostics.iter().any(|d| d.severity == Severity::Error) {
         return Err(diagnostics);
     }
     let policy = ValidatedPolicy {
+        gate,
         strict_objects,
         profiles: profiles
             .into_iter()
@@ -1016,4 +1127,194 @@ pub fn validate_policy(
             .collect(),
     };
     Ok((policy, diagnostics))
+}
+
+/// Validates the gate: rules (every tool and category they name must exist), the default
+/// decision, rate limits, approval and audit settings.
+fn check_gate(
+    c: &mut Checker<'_>,
+    file: &PolicyFile,
+    tools: &BTreeMap<String, Option<Tool>>,
+) -> GatePolicy {
+    let mut gate = GatePolicy::default();
+    if let Some(d) = &file.default_decision {
+        match Decision::from_name(d.get_ref()) {
+            Some(decision) => gate.default_decision = decision,
+            None => c.error(
+                d.span(),
+                format!(
+                    "default_decision must be allow, deny or review, not {:?}",
+                    d.get_ref()
+                ),
+            ),
+        }
+    }
+    let categories: BTreeSet<&str> = tools
+        .values()
+        .flatten()
+        .filter_map(|t| t.category.as_deref())
+        .collect();
+    for (index, rule) in file.rules.iter().enumerate() {
+        let name = rule
+            .name
+            .as_ref()
+            .map_or(format!("rules[{index}]"), |n| n.get_ref().clone());
+        let decision = Decision::from_name(rule.decision.get_ref()).unwrap_or_else(|| {
+            c.error(
+                rule.decision.span(),
+                format!(
+                    "rule {name}: decision must be allow, deny or review, not {:?}",
+                    rule.decision.get_ref()
+                ),
+            );
+            Decision::Deny
+        });
+        let known_tools = |c: &mut Checker<'_>| -> Vec<String> {
+            rule.tools
+                .iter()
+                .map(|t| {
+                    if !tools.contains_key(t.get_ref()) {
+                        c.error(
+                            t.span(),
+                            format!("rule {name}: no tool named {:?}", t.get_ref()),
+                        );
+                    }
+                    t.get_ref().clone()
+                })
+                .collect()
+        };
+        let matches = match rule.matches.get_ref().as_str() {
+            "read_only" => Some(RuleMatch::ReadOnly),
+            "tool" => {
+                if rule.tools.is_empty() {
+                    c.error(
+                        rule.matches.span(),
+                        format!("rule {name}: match = \"tool\" needs tools = [...]"),
+                    );
+                }
+                Some(RuleMatch::Tools(known_tools(c)))
+            }
+            "category" => {
+                if rule.categories.is_empty() {
+                    c.error(
+                        rule.matches.span(),
+                        format!("rule {name}: match = \"category\" needs categories = [...]"),
+                    );
+                }
+                for category in &rule.categories {
+                    if !categories.contains(category.get_ref().as_str()) {
+                        c.warning(
+                            category.span(),
+                            format!("rule {name}: no tool has category {:?}", category.get_ref()),
+                        );
+                    }
+                }
+                Some(RuleMatch::Categories(
+                    rule.categories
+                        .iter()
+                        .map(|c| c.get_ref().clone())
+                        .collect(),
+                ))
+            }
+            "pattern" => {
+                let scoped = known_tools(c);
+                let mut patterns = Vec::new();
+                for pattern in &rule.patterns {
+                    match regex::Regex::new(pattern.get_ref()) {
+                        Ok(re) => patterns.push(re),
+                        Err(e) => c.error(pattern.span(), format!("rule {name}: bad pattern: {e}")),
+                    }
+                }
+                if let Some(preset) = &rule.preset {
+                    match preset_patterns(preset.get_ref()) {
+                        Some(Ok(set)) => patterns.extend(set),
+                        Some(Err(e)) => c.error(
+                            preset.span(),
+                            format!("rule {name}: preset does not compile: {e}"),
+                        ),
+                        None => c.error(
+                            preset.span(),
+                            format!(
+                                "rule {name}: unknown pattern preset {:?}; known: dangerous_shell",
+                                preset.get_ref()
+                            ),
+                        ),
+                    }
+                }
+                if rule.patterns.is_empty() && rule.preset.is_none() {
+                    c.error(
+                        rule.matches.span(),
+                        format!(
+                            "rule {name}: match = \"pattern\" needs patterns = [...] or preset"
+                        ),
+                    );
+                }
+                match &rule.field {
+                    Some(field) => Some(RuleMatch::Pattern {
+                        tools: scoped,
+                        field: field.get_ref().clone(),
+                        patterns,
+                    }),
+                    None => {
+                        c.error(
+                            rule.matches.span(),
+                            format!("rule {name}: match = \"pattern\" needs field = \"...\""),
+                        );
+                        None
+                    }
+                }
+            }
+            other => {
+                c.error(rule.matches.span(), format!("rule {name}: match must be read_only, tool, category or pattern, not {other:?}"));
+                None
+            }
+        };
+        if let Some(matches) = matches {
+            gate.rules.push(Rule {
+                name,
+                matches,
+                decision,
+            });
+        }
+    }
+    if let Some(rates) = &file.rate_limits {
+        let mut parse = |value: &Option<Spanned<String>>| {
+            value
+                .as_ref()
+                .and_then(|v| match RateLimit::parse(v.get_ref()) {
+                    Ok(limit) => Some(limit),
+                    Err(e) => {
+                        c.error(v.span(), format!("rate_limits: {e}"));
+                        None
+                    }
+                })
+        };
+        gate.session_rate = parse(&rates.session);
+        gate.tool_rate = parse(&rates.tool);
+    }
+    if let Some(audit) = &file.audit {
+        gate.audit_include_input = audit.include_input.as_ref().is_some_and(|v| *v.get_ref());
+        if gate.audit_include_input {
+            if let Some(v) = &audit.include_input {
+                c.warning(v.span(), "audit.include_input puts tool arguments (which may hold secrets) in audit records");
+            }
+        }
+    }
+    if let Some(approvals) = &file.approvals {
+        if let Some(ttl) = approvals
+            .ttl
+            .as_ref()
+            .and_then(|t| c.duration(t, "approvals.ttl"))
+        {
+            gate.approval_ttl = ttl;
+        }
+        if let Some(max) = approvals
+            .max_pending
+            .as_ref()
+            .and_then(|m| c.integer(m, "approvals.max_pending", (1, 1_000_000)))
+        {
+            gate.max_pending_approvals = usize::try_from(max).unwrap_or(1_000_000);
+        }
+    }
+    gate
 }

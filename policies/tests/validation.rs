@@ -304,3 +304,152 @@ fn tools_need_exactly_one_known_builtin_or_a_command_with_an_input_schema() {
             .is_err()
     );
 }
+
+mod gate {
+    use super::*;
+    use airlock_policy::rules::{Decision, decide};
+
+    const TOOLS: &str = r#"
+[tools.reader]
+description = "reads"
+builtin = "read_file"
+category = "files"
+
+[tools.shell]
+description = "runs a shell"
+builtin = "bash"
+
+[tools.writer]
+description = "writes"
+builtin = "write_file"
+category = "files"
+"#;
+
+    /// `top` holds top-level keys (they must precede every table); `rules` the [[rules]].
+    fn policy_with(top: &str, rules: &str) -> airlock_policy::CompiledPolicy {
+        let text = format!("{top}\n{PROFILE}{TOOLS}\n{rules}");
+        load_policy_str(&text, "p.toml")
+            .unwrap_or_else(|e| panic!("{e:?}"))
+            .policy
+    }
+
+    fn verdict(
+        policy: &airlock_policy::CompiledPolicy,
+        tool: &str,
+        input: serde_json::Value,
+    ) -> (Decision, String) {
+        let v = decide(&policy.gate, &policy.tools[tool].tool, &input);
+        (v.decision, v.rule)
+    }
+
+    #[test]
+    fn every_rule_kind_decides_and_the_first_match_wins() {
+        let p = policy_with(
+            "default_decision = \"review\"",
+            r#"[[rules]]
+name = "no-dangerous-shell"
+match = "pattern"
+tools = ["shell"]
+field = "command"
+preset = "dangerous_shell"
+decision = "deny"
+
+[[rules]]
+name = "no-secrets-path"
+match = "pattern"
+field = "path"
+patterns = ['^/etc/']
+decision = "deny"
+
+[[rules]]
+name = "reads-are-fine"
+match = "read_only"
+decision = "allow"
+
+[[rules]]
+name = "shell-needs-review"
+match = "tool"
+tools = ["shell"]
+decision = "review"
+
+[[rules]]
+name = "files-ok"
+match = "category"
+categories = ["files"]
+decision = "allow"
+"#,
+        );
+        assert_eq!(
+            verdict(&p, "shell", json!({"command": "rm -rf /"})),
+            (Decision::Deny, "no-dangerous-shell".into())
+        );
+        assert_eq!(
+            verdict(&p, "shell", json!({"command": "ls"})),
+            (Decision::Review, "shell-needs-review".into())
+        );
+        assert_eq!(
+            verdict(&p, "reader", json!({"path": "/etc/shadow"})),
+            (Decision::Deny, "no-secrets-path".into())
+        );
+        assert_eq!(
+            verdict(&p, "reader", json!({"path": "/tmp/x"})),
+            (Decision::Allow, "reads-are-fine".into())
+        );
+        assert_eq!(
+            verdict(&p, "writer", json!({"path": "/tmp/x", "content": ""})),
+            (Decision::Allow, "files-ok".into())
+        );
+    }
+
+    #[test]
+    fn the_default_decision_applies_when_nothing_matches() {
+        let p = policy_with("default_decision = \"deny\"", "");
+        assert_eq!(
+            verdict(&p, "shell", json!({"command": "ls"})),
+            (Decision::Deny, "default".into())
+        );
+        let p = policy_with("", "");
+        assert_eq!(
+            verdict(&p, "shell", json!({"command": "ls"})),
+            (Decision::Allow, "default".into())
+        );
+    }
+
+    #[test]
+    fn bad_rules_are_located_errors() {
+        let text = format!(
+            "{PROFILE}{TOOLS}\n[[rules]]\nmatch = \"tool\"\ntools = [\"nope\"]\ndecision = \"maybe\"\n\n[[rules]]\nmatch = \"pattern\"\nfield = \"command\"\npatterns = [\"(\"]\ndecision = \"deny\"\n\n[[rules]]\nmatch = \"vibes\"\ndecision = \"allow\"\n"
+        );
+        let found = errors(&text);
+        assert_eq!(found.len(), 4, "{found:?}");
+        assert!(found[0].contains("no tool named \"nope\""));
+        assert!(found[1].contains("decision must be allow, deny or review"));
+        assert!(found[2].contains("bad pattern"));
+        assert!(found[3].contains("match must be"));
+    }
+
+    #[test]
+    fn tool_metadata_is_validated_and_over_grants_are_warned() {
+        let text = format!(
+            "version = 1\n[profiles.default]\nwrite = [\"/srv\"]\nnetwork = \"loopback\"\n[tools.t]\ndescription = \"d\"\nbuiltin = \"read_file\"\npermissions = [\"fs:read\"]\nstate = \"deferred\"\nrate_limit = \"5/1m\"\nconcurrency_safe = true\n"
+        );
+        let w = warnings(&text);
+        assert!(
+            w.iter().any(|w| w.contains("does not declare fs:write")),
+            "{w:?}"
+        );
+        assert!(
+            w.iter().any(|w| w.contains("does not declare network")),
+            "{w:?}"
+        );
+        let loaded = load_policy_str(&text, "p.toml").unwrap();
+        let t = &loaded.policy.tools["t"].tool;
+        assert_eq!(t.state, airlock_policy::validate::ToolState::Deferred);
+        assert!(t.concurrency_safe);
+        assert_eq!(t.rate_limit.unwrap().calls, 5);
+        let bad = errors(&format!(
+            "{PROFILE}[tools.t]\ndescription = \"d\"\nbuiltin = \"bash\"\npermissions = [\"root\"]\nstate = \"on\"\nrate_limit = \"lots\"\n"
+        ));
+        assert_eq!(bad.len(), 3, "{bad:?}");
+    }
+}
