@@ -7,14 +7,18 @@ use std::process::ExitCode;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
+use airlock::audit::AuditSink;
 use airlock::{
-    ErrorKind, SandboxRun, Supervisor, SupervisorOptions, ToolCall, ToolResult, call_tool,
+    CallOptions, ErrorKind, Gate, SandboxRun, Supervisor, SupervisorOptions, ToolCall, ToolResult,
 };
 use airlock_policy::{
     CompiledPolicy, Diagnostic, LoadedPolicy, PolicyError, Severity, load_policy_file,
     load_policy_str, presets, units,
 };
 use clap::{Parser, Subcommand};
+
+mod doctor;
+mod explain;
 
 /// airlock: a sandbox driver and supervisor for AI agents' tool calls.
 #[derive(Debug, Parser)]
@@ -88,12 +92,29 @@ enum Command {
         /// Host uid of the sandbox's root when running as root (default 65534).
         #[arg(long)]
         sandbox_uid: Option<u32>,
+        /// Validate and decide, print what would run, execute nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Refuse every tool that is not read-only.
+        #[arg(long)]
+        plan_mode: bool,
+        /// Session id (rate limits, audit).
+        #[arg(long)]
+        session: Option<String>,
+        /// Append audit records (JSON lines) to this file; `-` for stderr.
+        #[arg(long)]
+        audit: Option<PathBuf>,
     },
     /// Print an embedded preset policy (`default`, `examples`).
     Preset {
         /// Preset name; omit to list them.
         name: Option<String>,
     },
+    /// Check the kernel features sandboxes need and run one in the default profile; exit 0
+    /// only if it works.
+    Doctor(doctor::DoctorArgs),
+    /// Explain the effective sandbox of a tool or profile in plain words.
+    Explain(explain::ExplainArgs),
 }
 
 /// The outcome of checking one file, as `check --json` prints it.
@@ -320,12 +341,22 @@ fn run_exec(
     Ok(ExitCode::from(exec_exit_code(&result)))
 }
 
-fn run_tool(
-    policy: &CompiledPolicy,
-    tool: String,
-    input: &str,
+/// What `airlock run` was asked to do, besides the call itself.
+#[derive(Debug)]
+struct RunFlags {
     call_id: Option<String>,
     sandbox_uid: Option<u32>,
+    dry_run: bool,
+    plan_mode: bool,
+    session: Option<String>,
+    audit: Option<PathBuf>,
+}
+
+fn run_tool(
+    policy: CompiledPolicy,
+    tool: String,
+    input: &str,
+    flags: RunFlags,
 ) -> anyhow::Result<ExitCode> {
     let arguments = match input.strip_prefix('@') {
         Some(path) => std::fs::read_to_string(path)
@@ -333,20 +364,46 @@ fn run_tool(
         None => input.to_string(),
     };
     let call = ToolCall {
-        call_id: call_id.unwrap_or_else(random_call_id),
+        call_id: flags.call_id.unwrap_or_else(random_call_id),
         tool,
         arguments,
     };
+    let options = CallOptions {
+        session: flags.session,
+        plan_mode: flags.plan_mode,
+        cancel: None,
+    };
+    let audit = match &flags.audit {
+        None => None,
+        Some(path) if path.as_os_str() == "-" => {
+            Some(AuditSink::to_writer(Box::new(std::io::stderr())))
+        }
+        Some(path) => Some(
+            AuditSink::open_file(path)
+                .map_err(|e| anyhow::anyhow!("cannot open audit file {}: {e}", path.display()))?,
+        ),
+    };
     let runtime = runtime()?;
-    let result = runtime.block_on(async {
-        let supervisor = Supervisor::start(SupervisorOptions {
-            sandbox_host_id: sandbox_uid,
+    let outcome = runtime.block_on(async {
+        let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
+            sandbox_host_id: flags.sandbox_uid,
             ..Default::default()
-        })?;
-        anyhow::Ok(call_tool(&supervisor, policy, &call, None).await)
+        })?);
+        let mut gate = Gate::new(supervisor, policy);
+        if let Some(audit) = audit {
+            gate = gate.with_audit(audit);
+        }
+        if flags.dry_run {
+            return anyhow::Ok(match gate.dry_run(&call, &options) {
+                Ok(plan) => (serde_json::to_string_pretty(&plan)?, true),
+                Err(result) => (serde_json::to_string_pretty(&result)?, false),
+            });
+        }
+        let result = gate.call(&call, &options).await;
+        anyhow::Ok((serde_json::to_string_pretty(&result)?, result.ok))
     })?;
-    write_stdout(&format!("{}\n", serde_json::to_string_pretty(&result)?))?;
-    Ok(if result.ok {
+    write_stdout(&format!("{}\n", outcome.0))?;
+    Ok(if outcome.1 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -402,8 +459,22 @@ fn main() -> ExitCode {
             input,
             call_id,
             sandbox_uid,
-        } => load_policy(policy.as_ref(), preset.as_deref(), "examples")
-            .and_then(|loaded| run_tool(&loaded.policy, tool, &input, call_id, sandbox_uid)),
+            dry_run,
+            plan_mode,
+            session,
+            audit,
+        } => {
+            let flags = RunFlags {
+                call_id,
+                sandbox_uid,
+                dry_run,
+                plan_mode,
+                session,
+                audit,
+            };
+            load_policy(policy.as_ref(), preset.as_deref(), "examples")
+                .and_then(|loaded| run_tool(loaded.policy, tool, &input, flags))
+        }
         Command::Schema => write_stdout(presets::POLICY_FILE_SCHEMA).map(|()| ExitCode::SUCCESS),
         Command::Preset { name: None } => {
             let names: String = presets::PRESETS
@@ -418,6 +489,8 @@ fn main() -> ExitCode {
                 "no preset named {name:?}; see `airlock preset`"
             )),
         },
+        Command::Doctor(args) => doctor::run_doctor(&args),
+        Command::Explain(args) => Ok(explain::run_explain(&args)),
     };
     match result {
         Ok(code) => code,

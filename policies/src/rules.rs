@@ -193,7 +193,7 @@ fn field_text(input: &Value, field: &str) -> Option<String> {
 fn rule_matches(rule: &Rule, tool: &Tool, input: &Value) -> bool {
     match &rule.matches {
         RuleMatch::ReadOnly => tool.side_effect == SideEffect::Read,
-        RuleMatch::Tools(names) => names.iter().any(|n| *n == tool.name),
+        RuleMatch::Tools(names) => names.contains(&tool.name),
         RuleMatch::Categories(categories) => tool
             .category
             .as_ref()

@@ -1294,10 +1294,13 @@ fn check_gate(
     }
     if let Some(audit) = &file.audit {
         gate.audit_include_input = audit.include_input.as_ref().is_some_and(|v| *v.get_ref());
-        if gate.audit_include_input {
-            if let Some(v) = &audit.include_input {
-                c.warning(v.span(), "audit.include_input puts tool arguments (which may hold secrets) in audit records");
-            }
+        if gate.audit_include_input
+            && let Some(v) = &audit.include_input
+        {
+            c.warning(
+                v.span(),
+                "audit.include_input puts tool arguments (which may hold secrets) in audit records",
+            );
         }
     }
     if let Some(approvals) = &file.approvals {

@@ -430,9 +430,7 @@ decision = "allow"
 
     #[test]
     fn tool_metadata_is_validated_and_over_grants_are_warned() {
-        let text = format!(
-            "version = 1\n[profiles.default]\nwrite = [\"/srv\"]\nnetwork = \"loopback\"\n[tools.t]\ndescription = \"d\"\nbuiltin = \"read_file\"\npermissions = [\"fs:read\"]\nstate = \"deferred\"\nrate_limit = \"5/1m\"\nconcurrency_safe = true\n"
-        );
+        let text = "version = 1\n[profiles.default]\nwrite = [\"/srv\"]\nnetwork = \"loopback\"\n[tools.t]\ndescription = \"d\"\nbuiltin = \"read_file\"\npermissions = [\"fs:read\"]\nstate = \"deferred\"\nrate_limit = \"5/1m\"\nconcurrency_safe = true\n".to_string();
         let w = warnings(&text);
         assert!(
             w.iter().any(|w| w.contains("does not declare fs:write")),

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use airlock_policy::CompiledPolicy;
 use airlock_policy::schema::{InputError, InputLimits};
+use airlock_policy::{CompiledPolicy, CompiledTool};
 
 use crate::cancel::CancelSignal;
 use crate::result::{ErrorKind, InputViolation, ToolError, ToolResult};
@@ -98,24 +98,29 @@ pub async fn call_tool(
         builtin: tool.tool.builtin.map(|b| b.name().to_string()),
     };
     let mut result = supervisor.run(run, cancel).await;
-    if let (true, Some(output_schema)) = (result.ok, &tool.output) {
-        match output_schema.check_text(
-            &result.stdout,
-            InputLimits {
-                max_bytes: usize::MAX,
-                ..InputLimits::default()
-            },
-        ) {
-            Ok(value) => result.output = Some(value),
-            Err(e) => {
-                result.ok = false;
-                result.output = None;
-                result.error = Some(ToolError::new(
-                    ErrorKind::OutputInvalid,
-                    format!("output {}", e.to_string().trim_start_matches("input ")),
-                ));
-            }
+    check_output(tool, &mut result);
+    result
+}
+
+/// Validates a successful result's stdout against the tool's output schema (parsed JSON
+/// becomes `output`); a mismatch turns the result into `output_invalid`.
+pub fn check_output(tool: &CompiledTool, result: &mut ToolResult) {
+    let (true, Some(output_schema)) = (result.ok, &tool.output) else {
+        return;
+    };
+    let limits = InputLimits {
+        max_bytes: usize::MAX,
+        ..InputLimits::default()
+    };
+    match output_schema.check_text(&result.stdout, limits) {
+        Ok(value) => result.output = Some(value),
+        Err(e) => {
+            result.ok = false;
+            result.output = None;
+            result.error = Some(ToolError::new(
+                ErrorKind::OutputInvalid,
+                format!("output {}", e.to_string().trim_start_matches("input ")),
+            ));
         }
     }
-    result
 }

@@ -5,10 +5,12 @@
 //! ([`spawn`]), speaks the protocol ([`channel`]), enforces the deadline and cancellation,
 //! kills and reaps everything, reads the cgroup counters and returns one [`ToolResult`].
 
+pub mod audit;
 pub mod call;
 pub mod cancel;
 pub mod cgroup;
 pub mod channel;
+pub mod gate;
 pub mod result;
 pub mod sandbox;
 pub mod spawn;
@@ -16,5 +18,6 @@ mod sys;
 
 pub use call::{ToolCall, call_tool};
 pub use cancel::CancelSignal;
+pub use gate::{Approval, CallOptions, Gate};
 pub use result::{ErrorKind, ToolError, ToolResult};
 pub use sandbox::{SandboxRun, Supervisor, SupervisorOptions};

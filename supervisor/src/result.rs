@@ -82,6 +82,9 @@ pub struct ToolError {
     /// `denied`: the rule that fired.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// A transient failure (e.g. EAGAIN at spawn) that a retry in a fresh worker may fix.
+    #[serde(skip)]
+    pub transient: bool,
 }
 
 impl ToolError {
@@ -95,6 +98,7 @@ impl ToolError {
             step: None,
             timeout_ms: None,
             rule: None,
+            transient: false,
         }
     }
 }

@@ -402,7 +402,11 @@ impl Supervisor {
                 cgroup_dir,
             })
             .await
-            .map_err(|e| unavailable("spawn", error_chain(&e)))?;
+            .map_err(|e| {
+                let mut error = unavailable("spawn", error_chain(&e));
+                error.transient = e.is_transient();
+                error
+            })?;
 
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,

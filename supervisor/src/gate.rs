@@ -1,0 +1,895 @@
+//! The tool gate: every call goes validate → decide → `tool.called` → run (deadline and
+//! cancellation inside) → `tool.failed` per failed attempt → retry eligible failures → one
+//! terminal result — with plan mode, two-phase approvals, rate limits, run-time tool states,
+//! events and the audit log.
+// A refused call's `ToolResult` *is* the answer the caller gets, returned once per call;
+// boxing it only to shrink the `Err` variant would add an allocation and nothing else.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Read;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use airlock_policy::compile::sha256_hex;
+use airlock_policy::rules::{Decision, RateLimit, Verdict, decide};
+use airlock_policy::schema::{InputError, InputLimits};
+use airlock_policy::validate::{SideEffect, ToolState};
+use airlock_policy::{CompiledPolicy, CompiledTool};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use crate::audit::{AuditSink, Event, EventKind, sanitize};
+use crate::call::ToolCall;
+use crate::cancel::CancelSignal;
+use crate::result::{ErrorKind, InputViolation, ToolError, ToolResult};
+use crate::sandbox::{SandboxRun, Supervisor};
+
+/// The time source of approvals and rate limits (injectable for tests).
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Now.
+    fn now(&self) -> SystemTime;
+}
+
+/// The real clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// Decides approvals synchronously instead of the two-phase flow (library users).
+pub trait ApprovalCallback: Send + Sync + std::fmt::Debug {
+    /// Returns true to let the call run.
+    fn approve(&self, request: &ApprovalRequest<'_>) -> bool;
+}
+
+/// What an approval callback sees (no raw arguments beyond what the caller already has).
+#[derive(Debug)]
+pub struct ApprovalRequest<'a> {
+    /// Tool name.
+    pub tool: &'a str,
+    /// The verdict that asked for review (or `approval = "human"`).
+    pub verdict: &'a Verdict,
+    /// The argv the call would run.
+    pub argv_preview: &'a [String],
+    /// Digest of the canonical input.
+    pub input_digest: &'a str,
+}
+
+/// Per-call options.
+#[derive(Debug, Clone, Default)]
+pub struct CallOptions {
+    /// Session id (rate limits, audit).
+    pub session: Option<String>,
+    /// Refuse every tool that is not read-only.
+    pub plan_mode: bool,
+    /// Caller cancellation.
+    pub cancel: Option<CancelSignal>,
+}
+
+/// A serialisable two-phase approval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    /// 128-bit random id, hex.
+    pub approval_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// SHA-256 of the canonical validated input (with the tool name).
+    pub input_digest: String,
+    /// The argv the call will run.
+    pub argv_preview: Vec<String>,
+    /// The policy version it was proposed under.
+    pub policy_version: String,
+    /// Expiry, milliseconds since the Unix epoch.
+    pub expires_at_ms: u64,
+    /// The rule that asked for review (or `approval = "human"`).
+    pub rule: String,
+}
+
+#[derive(Debug)]
+struct Pending {
+    approval: Approval,
+    call_id: String,
+    arguments: String,
+    session: Option<String>,
+}
+
+/// Bounded store of pending approvals with a TTL.
+#[derive(Debug)]
+struct ApprovalStore {
+    pending: HashMap<String, Pending>,
+}
+
+/// A token bucket.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    updated: SystemTime,
+}
+
+fn millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Most distinct sessions tracked for rate limiting (oldest forgotten first).
+const MAX_SESSIONS: usize = 10_000;
+
+#[derive(Debug, Default)]
+struct RateState {
+    buckets: HashMap<String, Bucket>,
+    order: VecDeque<String>,
+}
+
+impl RateState {
+    /// Takes one token from `key`'s bucket; false when empty.
+    fn take(&mut self, key: &str, limit: RateLimit, now: SystemTime) -> bool {
+        if !self.buckets.contains_key(key) {
+            if self.order.len() >= MAX_SESSIONS
+                && let Some(old) = self.order.pop_front()
+            {
+                self.buckets.remove(&old);
+            }
+            self.order.push_back(key.to_string());
+            self.buckets.insert(
+                key.to_string(),
+                Bucket {
+                    tokens: f64::from(limit.calls),
+                    updated: now,
+                },
+            );
+        }
+        let Some(bucket) = self.buckets.get_mut(key) else {
+            return false;
+        };
+        let elapsed = now.duration_since(bucket.updated).unwrap_or(Duration::ZERO);
+        let refill = elapsed.as_secs_f64() / limit.period.as_secs_f64() * f64::from(limit.calls);
+        bucket.tokens = (bucket.tokens + refill).min(f64::from(limit.calls));
+        bucket.updated = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A tool as listed to a model.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolListing {
+    /// Name.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// Input JSON Schema.
+    pub input_schema: Value,
+    /// Side effect.
+    pub side_effect: SideEffect,
+    /// Category.
+    pub category: Option<String>,
+    /// Concurrency safety.
+    pub concurrency_safe: bool,
+}
+
+/// What a dry run reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct DryRun {
+    /// Tool name.
+    pub tool: String,
+    /// Decision.
+    pub decision: Decision,
+    /// Rule that fired.
+    pub rule: String,
+    /// Whether a human approval is needed before it runs.
+    pub approval_required: bool,
+    /// argv.
+    pub argv: Vec<String>,
+    /// Built-in, if any.
+    pub builtin: Option<String>,
+    /// Bytes that would go to stdin.
+    pub stdin_bytes: usize,
+    /// Environment.
+    pub env: Vec<(String, String)>,
+    /// Profile.
+    pub profile: String,
+    /// The sandbox spec the worker would build.
+    pub sandbox: Value,
+    /// Deadline, milliseconds.
+    pub timeout_ms: u64,
+    /// Input digest.
+    pub input_digest: String,
+}
+
+/// The gate in front of a [`Supervisor`].
+#[derive(Debug)]
+pub struct Gate {
+    supervisor: Arc<Supervisor>,
+    policy: RwLock<Arc<CompiledPolicy>>,
+    states: Mutex<HashMap<String, ToolState>>,
+    approvals: Mutex<ApprovalStore>,
+    rates: Mutex<RateState>,
+    clock: Arc<dyn Clock>,
+    callback: Option<Arc<dyn ApprovalCallback>>,
+    events: broadcast::Sender<Event>,
+    audit: Option<AuditSink>,
+}
+
+/// Canonical JSON: keys sorted at every level, no whitespace.
+pub fn canonical_json(value: &Value) -> String {
+    fn sort(value: &Value) -> Value {
+        match value {
+            Value::Object(map) => {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), sort(v)))
+                        .collect(),
+                )
+            }
+            Value::Array(items) => Value::Array(items.iter().map(sort).collect()),
+            other => other.clone(),
+        }
+    }
+    sort(value).to_string()
+}
+
+/// Digest binding a tool name to its canonical input.
+pub fn input_digest(tool: &str, input: &Value) -> String {
+    sha256_hex(format!("{tool}\n{}", canonical_json(input)).as_bytes())
+}
+
+fn random_id() -> String {
+    let mut bytes = [0u8; 16];
+    let filled = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if filled.is_err() {
+        // Never hand out a guessable id: mix the clock and an address, and log loudly.
+        tracing::error!("cannot read /dev/urandom for an approval id");
+        let seed = format!("{:?}{:p}", SystemTime::now(), &bytes);
+        let digest = sha256_hex(seed.as_bytes());
+        return digest[..32].to_string();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn rejected(call: &ToolCall, error: ToolError) -> ToolResult {
+    ToolResult::rejected(&call.call_id, &call.tool, error)
+}
+
+fn invalid_input(error: InputError) -> ToolError {
+    let violations = match &error {
+        InputError::Schema { violations } => Some(
+            violations
+                .iter()
+                .map(|v| InputViolation {
+                    path: v.path.clone(),
+                    keyword: v.keyword.clone(),
+                    message: v.message.clone(),
+                })
+                .collect(),
+        ),
+        _ => None,
+    };
+    ToolError {
+        violations,
+        ..ToolError::new(ErrorKind::InvalidInput, error.to_string())
+    }
+}
+
+/// Whether a failed attempt may be retried in a fresh worker (DESIGN §1): only tool failures
+/// and transient spawn failures.
+pub fn retry_eligible(error: &ToolError) -> bool {
+    error.kind == ErrorKind::ToolFailed || error.transient
+}
+
+/// A validated call, ready to decide or run.
+struct Prepared {
+    tool: CompiledTool,
+    input: Value,
+    digest: String,
+    argv: Vec<String>,
+    policy: Arc<CompiledPolicy>,
+}
+
+impl Gate {
+    /// A gate over `supervisor` serving `policy`.
+    pub fn new(supervisor: Arc<Supervisor>, policy: CompiledPolicy) -> Self {
+        Self {
+            supervisor,
+            policy: RwLock::new(Arc::new(policy)),
+            states: Mutex::new(HashMap::new()),
+            approvals: Mutex::new(ApprovalStore {
+                pending: HashMap::new(),
+            }),
+            rates: Mutex::new(RateState::default()),
+            clock: Arc::new(SystemClock),
+            callback: None,
+            events: broadcast::channel(1024).0,
+            audit: None,
+        }
+    }
+
+    /// Uses `clock` for approvals and rate limits.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Decides approvals with `callback` instead of the two-phase flow.
+    pub fn with_approval_callback(mut self, callback: Arc<dyn ApprovalCallback>) -> Self {
+        self.callback = Some(callback);
+        self
+    }
+
+    /// Writes every event to `sink` too.
+    pub fn with_audit(mut self, sink: AuditSink) -> Self {
+        self.audit = Some(sink);
+        self
+    }
+
+    /// Events as they happen (slow receivers miss the oldest).
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// The current policy.
+    pub fn policy(&self) -> Arc<CompiledPolicy> {
+        match self.policy.read() {
+            Ok(p) => Arc::clone(&p),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Replaces the policy atomically; outstanding approvals become invalid.
+    pub fn reload(&self, policy: CompiledPolicy) {
+        match self.policy.write() {
+            Ok(mut p) => *p = Arc::new(policy),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(policy),
+        }
+        if let Ok(mut store) = self.approvals.lock() {
+            store.pending.clear();
+        }
+    }
+
+    fn emit(&self, event: Event) {
+        if let Some(audit) = &self.audit {
+            audit.record(&event);
+        }
+        let _ = self.events.send(event);
+    }
+
+    fn state_of(&self, tool: &CompiledTool) -> ToolState {
+        self.states
+            .lock()
+            .ok()
+            .and_then(|s| s.get(&tool.tool.name).copied())
+            .unwrap_or(tool.tool.state)
+    }
+
+    /// Changes a tool's availability at run time; false if there is no such tool.
+    pub fn set_state(&self, tool: &str, state: ToolState) -> bool {
+        if !self.policy().tools.contains_key(tool) {
+            return false;
+        }
+        if let Ok(mut states) = self.states.lock() {
+            states.insert(tool.to_string(), state);
+        }
+        true
+    }
+
+    /// The active tools, ready to hand to a model.
+    pub fn tools(&self) -> Vec<ToolListing> {
+        self.policy()
+            .tools
+            .values()
+            .filter(|t| self.state_of(t) == ToolState::Active)
+            .map(|t| ToolListing {
+                name: t.tool.name.clone(),
+                description: t.tool.description.clone(),
+                input_schema: t.tool.input_schema.clone(),
+                side_effect: t.tool.side_effect,
+                category: t.tool.category.clone(),
+                concurrency_safe: t.tool.concurrency_safe,
+            })
+            .collect()
+    }
+
+    /// Validation: known active tool, input within limits and schema, argv renders.
+    fn prepare(&self, call: &ToolCall) -> Result<Prepared, ToolError> {
+        let policy = self.policy();
+        let tool = match policy.tools.get(&call.tool) {
+            Some(tool) if self.state_of(tool) == ToolState::Active => tool.clone(),
+            _ => {
+                return Err(ToolError::new(
+                    ErrorKind::UnknownTool,
+                    format!("no active tool named {:?}", sanitize(&call.tool)),
+                ));
+            }
+        };
+        let input = tool
+            .input
+            .check_text(&call.arguments, InputLimits::default())
+            .map_err(invalid_input)?;
+        let argv = tool
+            .render_argv(&input)
+            .map_err(|e| ToolError::new(ErrorKind::InvalidInput, e.to_string()))?;
+        let digest = input_digest(&tool.tool.name, &input);
+        Ok(Prepared {
+            tool,
+            input,
+            digest,
+            argv,
+            policy,
+        })
+    }
+
+    fn denied(
+        &self,
+        call: &ToolCall,
+        opts: &CallOptions,
+        digest: Option<&str>,
+        rule: &str,
+        message: String,
+    ) -> ToolResult {
+        let mut event = Event::new(
+            EventKind::Denied,
+            &call.call_id,
+            opts.session.as_deref(),
+            &call.tool,
+        );
+        event.decision = Some(Decision::Deny);
+        event.rule = Some(rule.to_string());
+        event.input_digest = digest.map(str::to_string);
+        self.emit(event);
+        rejected(
+            call,
+            ToolError {
+                rule: Some(rule.to_string()),
+                ..ToolError::new(ErrorKind::Denied, message)
+            },
+        )
+    }
+
+    /// Plan mode, rules and rate limits; `Ok(verdict)` when the call may proceed (perhaps
+    /// pending approval), `Err(result)` when it is refused.
+    fn decide(
+        &self,
+        call: &ToolCall,
+        opts: &CallOptions,
+        prepared: &Prepared,
+    ) -> Result<Verdict, ToolResult> {
+        let tool = &prepared.tool.tool;
+        if opts.plan_mode && tool.side_effect != SideEffect::Read {
+            return Err(self.denied(
+                call,
+                opts,
+                Some(&prepared.digest),
+                "plan_mode",
+                format!(
+                    "plan mode allows only read-only tools; {} is {:?}",
+                    tool.name, tool.side_effect
+                )
+                .to_lowercase(),
+            ));
+        }
+        let verdict = decide(&prepared.policy.gate, tool, &prepared.input);
+        if verdict.decision == Decision::Deny {
+            let message = format!("denied by rule {}", verdict.rule);
+            return Err(self.denied(call, opts, Some(&prepared.digest), &verdict.rule, message));
+        }
+        Ok(verdict)
+    }
+
+    fn check_rates(
+        &self,
+        call: &ToolCall,
+        opts: &CallOptions,
+        prepared: &Prepared,
+    ) -> Result<(), ToolResult> {
+        let gate = &prepared.policy.gate;
+        let now = self.clock.now();
+        let Ok(mut rates) = self.rates.lock() else {
+            return Ok(());
+        };
+        if let (Some(limit), Some(session)) = (gate.session_rate, &opts.session)
+            && !rates.take(&format!("session:{session}"), limit, now)
+        {
+            return Err(rejected(
+                call,
+                ToolError::new(
+                    ErrorKind::RateLimited,
+                    format!(
+                        "session rate limit of {} calls per {:?} reached",
+                        limit.calls, limit.period
+                    ),
+                ),
+            ));
+        }
+        if let Some(limit) = prepared.tool.tool.rate_limit.or(gate.tool_rate)
+            && !rates.take(&format!("tool:{}", prepared.tool.tool.name), limit, now)
+        {
+            return Err(rejected(
+                call,
+                ToolError::new(
+                    ErrorKind::RateLimited,
+                    format!(
+                        "rate limit of {} calls per {:?} for {} reached",
+                        limit.calls, limit.period, prepared.tool.tool.name
+                    ),
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs one call through the whole gate.
+    pub async fn call(&self, call: &ToolCall, opts: &CallOptions) -> ToolResult {
+        let prepared = match self.prepare(call) {
+            Ok(p) => p,
+            Err(error) => return rejected(call, error),
+        };
+        let verdict = match self.decide(call, opts, &prepared) {
+            Ok(v) => v,
+            Err(result) => return result,
+        };
+        let needs_approval = verdict.decision == Decision::Review
+            || prepared.tool.tool.approval == airlock_policy::validate::Approval::Human;
+        if needs_approval {
+            let rule = if verdict.decision == Decision::Review {
+                verdict.rule.clone()
+            } else {
+                "approval".to_string()
+            };
+            let approved = self.callback.as_ref().map(|cb| {
+                cb.approve(&ApprovalRequest {
+                    tool: &call.tool,
+                    verdict: &verdict,
+                    argv_preview: &prepared.argv,
+                    input_digest: &prepared.digest,
+                })
+            });
+            match approved {
+                Some(true) => {
+                    let mut event = Event::new(
+                        EventKind::ApprovalGranted,
+                        &call.call_id,
+                        opts.session.as_deref(),
+                        &call.tool,
+                    );
+                    event.rule = Some(rule);
+                    event.input_digest = Some(prepared.digest.clone());
+                    self.emit(event);
+                }
+                Some(false) => {
+                    return self.denied(
+                        call,
+                        opts,
+                        Some(&prepared.digest),
+                        "approval_callback",
+                        "the approval callback refused the call".into(),
+                    );
+                }
+                None => {
+                    let mut event = Event::new(
+                        EventKind::ApprovalRequired,
+                        &call.call_id,
+                        opts.session.as_deref(),
+                        &call.tool,
+                    );
+                    event.decision = Some(verdict.decision);
+                    event.rule = Some(rule.clone());
+                    event.input_digest = Some(prepared.digest.clone());
+                    self.emit(event);
+                    return rejected(
+                        call,
+                        ToolError {
+                            rule: Some(rule),
+                            ..ToolError::new(
+                                ErrorKind::ApprovalRequired,
+                                "this call needs a human approval: propose it, then execute the approval",
+                            )
+                        },
+                    );
+                }
+            }
+        }
+        if let Err(result) = self.check_rates(call, opts, &prepared) {
+            return result;
+        }
+        self.execute_prepared(call, opts, prepared, verdict).await
+    }
+
+    async fn execute_prepared(
+        &self,
+        call: &ToolCall,
+        opts: &CallOptions,
+        prepared: Prepared,
+        verdict: Verdict,
+    ) -> ToolResult {
+        let mut called = Event::new(
+            EventKind::Called,
+            &call.call_id,
+            opts.session.as_deref(),
+            &call.tool,
+        );
+        called.decision = Some(verdict.decision);
+        called.rule = Some(verdict.rule.clone());
+        called.input_digest = Some(prepared.digest.clone());
+        if prepared.policy.gate.audit_include_input {
+            called.input = Some(sanitize(&prepared.input.to_string()));
+        }
+        self.emit(called);
+
+        let tool = &prepared.tool;
+        let Some(profile) = prepared.policy.profiles.get(&tool.tool.profile) else {
+            return rejected(
+                call,
+                ToolError::new(
+                    ErrorKind::SandboxUnavailable,
+                    "the tool's profile is missing",
+                ),
+            );
+        };
+        let max_attempts = tool.tool.retries.saturating_add(1);
+        let mut attempts = 0;
+        let started = std::time::Instant::now();
+        let result = loop {
+            attempts += 1;
+            let run = SandboxRun {
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                profile: Arc::clone(profile),
+                argv: prepared.argv.clone(),
+                stdin: tool.render_stdin(&prepared.input),
+                arguments_json: prepared.input.to_string(),
+                timeout: tool.tool.timeout,
+                inherit_stdio: None,
+                builtin: tool.tool.builtin.map(|b| b.name().to_string()),
+            };
+            let mut result = self.supervisor.run(run, opts.cancel.as_ref()).await;
+            result.attempts = attempts;
+            crate::call::check_output(tool, &mut result);
+            match &result.error {
+                Some(error) if retry_eligible(error) && attempts < max_attempts => {
+                    self.emit(
+                        Event::new(
+                            EventKind::Failed,
+                            &call.call_id,
+                            opts.session.as_deref(),
+                            &call.tool,
+                        )
+                        .with_result(&result),
+                    );
+                }
+                _ => break result,
+            }
+        };
+        let mut result = result;
+        result.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let kind = if result.ok {
+            EventKind::Completed
+        } else {
+            EventKind::Failed
+        };
+        let mut event = Event::new(kind, &call.call_id, opts.session.as_deref(), &call.tool)
+            .with_result(&result);
+        event.input_digest = Some(prepared.digest.clone());
+        self.emit(event);
+        result
+    }
+
+    /// Phase one: validates and decides, and stores an approval for a call that needs one.
+    pub fn propose(&self, call: &ToolCall, opts: &CallOptions) -> Result<Approval, ToolResult> {
+        let prepared = self.prepare(call).map_err(|e| rejected(call, e))?;
+        let verdict = self.decide(call, opts, &prepared)?;
+        let now = self.clock.now();
+        let gate = &prepared.policy.gate;
+        let approval = Approval {
+            approval_id: random_id(),
+            tool: call.tool.clone(),
+            input_digest: prepared.digest.clone(),
+            argv_preview: prepared.argv.clone(),
+            policy_version: prepared.policy.version.clone(),
+            expires_at_ms: millis(now + gate.approval_ttl),
+            rule: verdict.rule.clone(),
+        };
+        {
+            let Ok(mut store) = self.approvals.lock() else {
+                return Err(rejected(
+                    call,
+                    ToolError::new(ErrorKind::Overloaded, "approval store unavailable"),
+                ));
+            };
+            let now_ms = millis(now);
+            store
+                .pending
+                .retain(|_, p| p.approval.expires_at_ms > now_ms);
+            if store.pending.len() >= gate.max_pending_approvals {
+                return Err(rejected(
+                    call,
+                    ToolError::new(
+                        ErrorKind::Overloaded,
+                        format!(
+                            "{} approvals are pending; reject or execute some first",
+                            store.pending.len()
+                        ),
+                    ),
+                ));
+            }
+            store.pending.insert(
+                approval.approval_id.clone(),
+                Pending {
+                    approval: approval.clone(),
+                    call_id: call.call_id.clone(),
+                    arguments: canonical_json(&prepared.input),
+                    session: opts.session.clone(),
+                },
+            );
+        }
+        let mut event = Event::new(
+            EventKind::ApprovalRequired,
+            &call.call_id,
+            opts.session.as_deref(),
+            &call.tool,
+        );
+        event.decision = Some(verdict.decision);
+        event.rule = Some(verdict.rule);
+        event.input_digest = Some(prepared.digest);
+        event.approval_id = Some(approval.approval_id.clone());
+        self.emit(event);
+        Ok(approval)
+    }
+
+    /// Phase two: consumes the approval atomically (exactly one of several concurrent
+    /// executes gets it), re-validates under the current policy, and runs the call.
+    pub async fn execute(&self, approval_id: &str, opts: &CallOptions) -> ToolResult {
+        let pending = self
+            .approvals
+            .lock()
+            .ok()
+            .and_then(|mut store| store.pending.remove(approval_id));
+        let invalid = |reason: &str| {
+            ToolResult::rejected(
+                "",
+                "",
+                ToolError {
+                    rule: None,
+                    ..ToolError::new(
+                        ErrorKind::ApprovalInvalid,
+                        format!("approval {}: {reason}", sanitize(approval_id)),
+                    )
+                },
+            )
+        };
+        let Some(pending) = pending else {
+            return invalid("unknown, already used, rejected, or invalidated by a policy reload");
+        };
+        let call = ToolCall {
+            call_id: pending.call_id.clone(),
+            tool: pending.approval.tool.clone(),
+            arguments: pending.arguments.clone(),
+        };
+        let with_ids = |mut r: ToolResult| {
+            r.call_id = call.call_id.clone();
+            r.tool = call.tool.clone();
+            r
+        };
+        if millis(self.clock.now()) >= pending.approval.expires_at_ms {
+            return with_ids(invalid("expired"));
+        }
+        let policy = self.policy();
+        if policy.version != pending.approval.policy_version {
+            return with_ids(invalid("the policy changed since it was proposed"));
+        }
+        let prepared = match self.prepare(&call) {
+            Ok(p) => p,
+            Err(e) => return rejected(&call, e),
+        };
+        if prepared.digest != pending.approval.input_digest {
+            return with_ids(invalid("the input digest does not match"));
+        }
+        let session = opts.session.clone().or(pending.session.clone());
+        let opts = CallOptions {
+            session,
+            ..opts.clone()
+        };
+        let verdict = match self.decide(&call, &opts, &prepared) {
+            Ok(v) => v,
+            Err(result) => return result,
+        };
+        let mut event = Event::new(
+            EventKind::ApprovalGranted,
+            &call.call_id,
+            opts.session.as_deref(),
+            &call.tool,
+        );
+        event.approval_id = Some(pending.approval.approval_id.clone());
+        event.input_digest = Some(prepared.digest.clone());
+        self.emit(event);
+        if let Err(result) = self.check_rates(&call, &opts, &prepared) {
+            return result;
+        }
+        self.execute_prepared(&call, &opts, prepared, verdict).await
+    }
+
+    /// Deletes a pending approval; says whether it existed.
+    pub fn reject(&self, approval_id: &str) -> bool {
+        let removed = self
+            .approvals
+            .lock()
+            .ok()
+            .and_then(|mut store| store.pending.remove(approval_id));
+        if let Some(pending) = &removed {
+            let mut event = Event::new(
+                EventKind::ApprovalRejected,
+                &pending.call_id,
+                pending.session.as_deref(),
+                &pending.approval.tool,
+            );
+            event.approval_id = Some(pending.approval.approval_id.clone());
+            self.emit(event);
+        }
+        removed.is_some()
+    }
+
+    /// Number of pending approvals (after reclaiming expired ones).
+    pub fn pending_approvals(&self) -> usize {
+        let now = millis(self.clock.now());
+        self.approvals
+            .lock()
+            .map(|mut store| {
+                store.pending.retain(|_, p| p.approval.expires_at_ms > now);
+                store.pending.len()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Validates and decides, and says what would run — executing nothing.
+    pub fn dry_run(&self, call: &ToolCall, opts: &CallOptions) -> Result<DryRun, ToolResult> {
+        let prepared = self.prepare(call).map_err(|e| rejected(call, e))?;
+        let tool = &prepared.tool.tool;
+        let (decision, rule) = if opts.plan_mode && tool.side_effect != SideEffect::Read {
+            (Decision::Deny, "plan_mode".to_string())
+        } else {
+            let v = decide(&prepared.policy.gate, tool, &prepared.input);
+            (v.decision, v.rule)
+        };
+        let profile = prepared.policy.profiles.get(&tool.profile);
+        Ok(DryRun {
+            tool: tool.name.clone(),
+            decision,
+            rule,
+            approval_required: decision == Decision::Review
+                || tool.approval == airlock_policy::validate::Approval::Human,
+            argv: prepared.argv.clone(),
+            builtin: tool.builtin.map(|b| b.name().to_string()),
+            stdin_bytes: prepared.tool.render_stdin(&prepared.input).len(),
+            env: profile.map(|p| p.spec.env.clone()).unwrap_or_default(),
+            profile: tool.profile.clone(),
+            sandbox: profile.map_or(Value::Null, |p| sandbox_summary(p)),
+            timeout_ms: u64::try_from(tool.timeout.as_millis()).unwrap_or(u64::MAX),
+            input_digest: prepared.digest,
+        })
+    }
+}
+
+/// The parts of a sandbox spec worth showing (not the BPF program itself).
+fn sandbox_summary(profile: &airlock_policy::CompiledProfile) -> Value {
+    serde_json::json!({
+        "mounts": profile.spec.mounts.iter().map(|m| format!("{m:?}")).collect::<Vec<_>>(),
+        "network": format!("{:?}", profile.spec.network),
+        "landlock": {"read": profile.spec.landlock.read, "write": profile.spec.landlock.write, "requirement": format!("{:?}", profile.spec.landlock.requirement)},
+        "seccomp_digest": profile.spec.seccomp.digest,
+        "memory_bytes": profile.limits.memory_bytes,
+        "pids": profile.limits.pids,
+        "cwd": profile.spec.cwd,
+        "hostname": profile.spec.hostname,
+    })
+}

@@ -1,0 +1,542 @@
+//! The gate, end to end on real sandboxes: decisions name their rule, plan mode, two-phase
+//! approvals (the race, expiry, policy reload), retries, rate limits, dry runs, and secrets
+//! that never reach an audit record, an event or a log line.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use airlock::audit::AuditSink;
+use airlock::gate::{ApprovalCallback, ApprovalRequest, Clock};
+use airlock::{CallOptions, ErrorKind, Gate, Supervisor, SupervisorOptions, ToolCall};
+use airlock_policy::load_policy_str;
+use airlock_tests::{airlock_bin, sandbox_available};
+
+const POLICY: &str = r#"
+version = 1
+default_decision = "allow"
+
+[rate_limits]
+tool = "1000/1s"
+
+[approvals]
+ttl = "1m"
+
+[profiles.default]
+read = ["/usr"]
+read_optional = ["/bin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives"]
+tmpfs = { "/tmp" = "16MiB" }
+limits = { timeout = "10s" }
+
+[tools.echo]
+description = "echo a text"
+command = ["/bin/echo", "{text}"]
+side_effect = "read"
+input = { type = "object", properties = { text = { type = "string" } }, required = ["text"], additionalProperties = false }
+
+[tools.shell]
+description = "a shell"
+builtin = "bash"
+
+[tools.flaky]
+description = "always fails"
+command = ["/bin/sh", "-c", "exit 3"]
+side_effect = "read"
+retries = 2
+input = { type = "object" }
+
+[tools.limited]
+description = "rate limited"
+command = ["/bin/true"]
+side_effect = "read"
+rate_limit = "2/1h"
+input = { type = "object" }
+
+[tools.guarded]
+description = "needs a human"
+command = ["/bin/echo", "{text}"]
+side_effect = "write"
+approval = "human"
+input = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
+
+[[rules]]
+name = "no-dangerous-shell"
+match = "pattern"
+tools = ["shell"]
+field = "command"
+preset = "dangerous_shell"
+decision = "deny"
+
+[[rules]]
+name = "shell-is-reviewed"
+match = "tool"
+tools = ["shell"]
+decision = "review"
+"#;
+
+/// A clock tests can move.
+#[derive(Debug)]
+struct FakeClock(Mutex<SystemTime>);
+
+impl Clock for FakeClock {
+    fn now(&self) -> SystemTime {
+        *self.0.lock().unwrap()
+    }
+}
+
+impl FakeClock {
+    fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap() += by;
+    }
+}
+
+/// A Write that appends to a shared buffer.
+#[derive(Clone, Default)]
+struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buffer {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Buffer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Every log line of this test process, at every level.
+fn logs() -> &'static Buffer {
+    static LOGS: OnceLock<Buffer> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .init();
+        buffer
+    })
+}
+
+fn gate_with(clock: Option<Arc<FakeClock>>) -> Gate {
+    let _ = logs();
+    let supervisor = Supervisor::start(SupervisorOptions {
+        worker_program: Some((airlock_bin(), Vec::new())),
+        ..Default::default()
+    })
+    .unwrap();
+    let policy = load_policy_str(POLICY, "gate.toml").unwrap().policy;
+    let gate = Gate::new(Arc::new(supervisor), policy);
+    match clock {
+        Some(clock) => gate.with_clock(clock),
+        None => gate,
+    }
+}
+
+fn call(tool: &str, arguments: serde_json::Value) -> ToolCall {
+    ToolCall {
+        call_id: format!("call-{tool}"),
+        tool: tool.into(),
+        arguments: arguments.to_string(),
+    }
+}
+
+fn kind(result: &airlock::ToolResult) -> Option<ErrorKind> {
+    result.error.as_ref().map(|e| e.kind)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denials_name_the_rule_and_reviews_need_approval() {
+    if !sandbox_available() {
+        return;
+    }
+    let gate = gate_with(None);
+    let opts = CallOptions::default();
+    let denied = gate
+        .call(
+            &call("shell", serde_json::json!({"command": "rm -rf /"})),
+            &opts,
+        )
+        .await;
+    assert_eq!(kind(&denied), Some(ErrorKind::Denied));
+    assert_eq!(
+        denied.error.unwrap().rule.as_deref(),
+        Some("no-dangerous-shell")
+    );
+    let review = gate
+        .call(&call("shell", serde_json::json!({"command": "ls"})), &opts)
+        .await;
+    assert_eq!(kind(&review), Some(ErrorKind::ApprovalRequired));
+    assert_eq!(
+        review.error.unwrap().rule.as_deref(),
+        Some("shell-is-reviewed")
+    );
+    let human = gate
+        .call(&call("guarded", serde_json::json!({"text": "x"})), &opts)
+        .await;
+    assert_eq!(kind(&human), Some(ErrorKind::ApprovalRequired));
+    let ok = gate
+        .call(&call("echo", serde_json::json!({"text": "hello"})), &opts)
+        .await;
+    assert!(ok.ok, "{ok:?}");
+    assert_eq!(ok.stdout, "hello\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_unknown_or_inactive_tools_never_reach_a_sandbox() {
+    if !sandbox_available() {
+        return;
+    }
+    let gate = gate_with(None);
+    let opts = CallOptions::default();
+    for arguments in [
+        "not json",
+        "{\"text\": 5}",
+        &"[".repeat(1000),
+        &format!("{{\"text\": \"{}\"}}", "x".repeat(2 << 20)),
+    ] {
+        let result = gate
+            .call(
+                &ToolCall {
+                    call_id: "c".into(),
+                    tool: "echo".into(),
+                    arguments: arguments.to_string(),
+                },
+                &opts,
+            )
+            .await;
+        assert_eq!(
+            kind(&result),
+            Some(ErrorKind::InvalidInput),
+            "{arguments:.40}"
+        );
+        assert_eq!(result.attempts, 0);
+    }
+    let unknown = gate.call(&call("nope", serde_json::json!({})), &opts).await;
+    assert_eq!(kind(&unknown), Some(ErrorKind::UnknownTool));
+    assert!(gate.set_state("echo", airlock_policy::validate::ToolState::Suspended));
+    let suspended = gate
+        .call(&call("echo", serde_json::json!({"text": "x"})), &opts)
+        .await;
+    assert_eq!(kind(&suspended), Some(ErrorKind::UnknownTool));
+    assert!(!gate.tools().iter().any(|t| t.name == "echo"));
+    assert!(gate.set_state("echo", airlock_policy::validate::ToolState::Active));
+    assert!(gate.tools().iter().any(|t| t.name == "echo"));
+    assert!(!gate.set_state("nope", airlock_policy::validate::ToolState::Active));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plan_mode_refuses_every_tool_that_is_not_read_only() {
+    if !sandbox_available() {
+        return;
+    }
+    let gate = gate_with(None);
+    let plan = CallOptions {
+        plan_mode: true,
+        ..Default::default()
+    };
+    let refused = gate
+        .call(&call("guarded", serde_json::json!({"text": "x"})), &plan)
+        .await;
+    assert_eq!(kind(&refused), Some(ErrorKind::Denied));
+    assert_eq!(refused.error.unwrap().rule.as_deref(), Some("plan_mode"));
+    let read = gate
+        .call(&call("echo", serde_json::json!({"text": "x"})), &plan)
+        .await;
+    assert!(read.ok, "{read:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_executes_of_one_approval_run_exactly_once() {
+    if !sandbox_available() {
+        return;
+    }
+    let gate = Arc::new(gate_with(None));
+    let approval = gate
+        .propose(
+            &call("guarded", serde_json::json!({"text": "once"})),
+            &CallOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(approval.approval_id.len(), 32);
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let gate = Arc::clone(&gate);
+        let id = approval.approval_id.clone();
+        handles.push(tokio::spawn(async move {
+            gate.execute(&id, &CallOptions::default()).await
+        }));
+    }
+    let mut ran = 0;
+    for handle in handles {
+        let result = handle.await.unwrap();
+        match kind(&result) {
+            None => {
+                ran += 1;
+                assert_eq!(result.stdout, "once\n");
+            }
+            Some(ErrorKind::ApprovalInvalid) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(ran, 1);
+    let json = serde_json::to_value(&approval).unwrap();
+    for field in [
+        "approval_id",
+        "tool",
+        "input_digest",
+        "argv_preview",
+        "policy_version",
+        "expires_at_ms",
+    ] {
+        assert!(json.get(field).is_some(), "{field}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_expire_are_single_use_and_die_with_a_policy_reload() {
+    if !sandbox_available() {
+        return;
+    }
+    let clock = Arc::new(FakeClock(Mutex::new(SystemTime::now())));
+    let gate = gate_with(Some(Arc::clone(&clock)));
+    let opts = CallOptions::default();
+    let expiring = gate
+        .propose(&call("guarded", serde_json::json!({"text": "late"})), &opts)
+        .unwrap();
+    clock.advance(Duration::from_secs(61));
+    let late = gate.execute(&expiring.approval_id, &opts).await;
+    assert_eq!(kind(&late), Some(ErrorKind::ApprovalInvalid));
+    assert!(late.error.unwrap().message.contains("expired"));
+    assert_eq!(gate.pending_approvals(), 0);
+
+    let reloaded = gate
+        .propose(&call("guarded", serde_json::json!({"text": "x"})), &opts)
+        .unwrap();
+    let rejected = gate
+        .propose(&call("guarded", serde_json::json!({"text": "y"})), &opts)
+        .unwrap();
+    assert!(gate.reject(&rejected.approval_id));
+    assert!(!gate.reject(&rejected.approval_id));
+    gate.reload(
+        load_policy_str(&format!("{POLICY}\n# changed\n"), "gate.toml")
+            .unwrap()
+            .policy,
+    );
+    let stale = gate.execute(&reloaded.approval_id, &opts).await;
+    assert_eq!(kind(&stale), Some(ErrorKind::ApprovalInvalid));
+}
+
+#[derive(Debug)]
+struct Approver(bool);
+
+impl ApprovalCallback for Approver {
+    fn approve(&self, request: &ApprovalRequest<'_>) -> bool {
+        assert_eq!(request.tool, "guarded");
+        self.0
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_callback_replaces_the_two_phase_flow() {
+    if !sandbox_available() {
+        return;
+    }
+    let yes = gate_with(None).with_approval_callback(Arc::new(Approver(true)));
+    let result = yes
+        .call(
+            &call("guarded", serde_json::json!({"text": "ok"})),
+            &CallOptions::default(),
+        )
+        .await;
+    assert!(result.ok, "{result:?}");
+    let no = gate_with(None).with_approval_callback(Arc::new(Approver(false)));
+    let result = no
+        .call(
+            &call("guarded", serde_json::json!({"text": "ok"})),
+            &CallOptions::default(),
+        )
+        .await;
+    assert_eq!(kind(&result), Some(ErrorKind::Denied));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_tools_are_retried_in_fresh_workers_up_to_the_limit() {
+    if !sandbox_available() {
+        return;
+    }
+    let gate = gate_with(None);
+    let mut events = gate.subscribe();
+    let result = gate
+        .call(
+            &call("flaky", serde_json::json!({})),
+            &CallOptions::default(),
+        )
+        .await;
+    assert_eq!(kind(&result), Some(ErrorKind::ToolFailed));
+    assert_eq!(result.attempts, 3);
+    assert_eq!(result.exit_code, Some(3));
+    let mut failed = 0;
+    while let Ok(event) = events.try_recv() {
+        if event.event == airlock::audit::EventKind::Failed {
+            failed += 1;
+        }
+    }
+    assert_eq!(failed, 3);
+}
+
+#[test]
+fn retry_eligibility_is_exactly_tool_failures_and_transient_spawns() {
+    use airlock::ToolError;
+    use airlock::gate::retry_eligible;
+    let table = [
+        (ErrorKind::ToolFailed, true),
+        (ErrorKind::InvalidInput, false),
+        (ErrorKind::UnknownTool, false),
+        (ErrorKind::Denied, false),
+        (ErrorKind::ApprovalRequired, false),
+        (ErrorKind::ApprovalInvalid, false),
+        (ErrorKind::Timeout, false),
+        (ErrorKind::Cancelled, false),
+        (ErrorKind::SandboxUnavailable, false),
+        (ErrorKind::OutOfMemory, false),
+        (ErrorKind::SeccompViolation, false),
+        (ErrorKind::PidsLimit, false),
+        (ErrorKind::OutputInvalid, false),
+        (ErrorKind::ProtocolViolation, false),
+        (ErrorKind::Overloaded, false),
+        (ErrorKind::RateLimited, false),
+    ];
+    for (kind, eligible) in table {
+        assert_eq!(
+            retry_eligible(&ToolError::new(kind, "")),
+            eligible,
+            "{kind:?}"
+        );
+    }
+    let transient = ToolError {
+        transient: true,
+        ..ToolError::new(ErrorKind::SandboxUnavailable, "EAGAIN at spawn")
+    };
+    assert!(retry_eligible(&transient));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_refuse_calls_beyond_the_bucket() {
+    if !sandbox_available() {
+        return;
+    }
+    let gate = gate_with(None);
+    let opts = CallOptions::default();
+    assert!(
+        gate.call(&call("limited", serde_json::json!({})), &opts)
+            .await
+            .ok
+    );
+    assert!(
+        gate.call(&call("limited", serde_json::json!({})), &opts)
+            .await
+            .ok
+    );
+    let third = gate
+        .call(&call("limited", serde_json::json!({})), &opts)
+        .await;
+    assert_eq!(kind(&third), Some(ErrorKind::RateLimited));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_decides_and_resolves_but_runs_nothing() {
+    if !sandbox_available() {
+        return;
+    }
+    let gate = gate_with(None);
+    let mut events = gate.subscribe();
+    let plan = gate
+        .dry_run(
+            &call("echo", serde_json::json!({"text": "a; rm -rf /"})),
+            &CallOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(plan.argv, vec!["/bin/echo", "a; rm -rf /"]);
+    assert_eq!(plan.rule, "default");
+    assert_eq!(plan.profile, "default");
+    let denied = gate
+        .dry_run(
+            &call(
+                "shell",
+                serde_json::json!({"command": "mkfs.ext4 /dev/sda"}),
+            ),
+            &CallOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(denied.rule, "no-dangerous-shell");
+    assert!(events.try_recv().is_err(), "a dry run emits no event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_in_arguments_reach_no_audit_record_event_or_log_line() {
+    if !sandbox_available() {
+        return;
+    }
+    let marker = "SECRET-MARKER-7f3a9c";
+    let audit = Buffer::default();
+    let gate = gate_with(None).with_audit(AuditSink::to_writer(Box::new(audit.clone())));
+    let mut events = gate.subscribe();
+    let opts = CallOptions {
+        session: Some("s1".into()),
+        ..Default::default()
+    };
+    let calls = [
+        call("echo", serde_json::json!({"text": marker})),
+        call("echo", serde_json::json!({"text": 5, "extra": marker})),
+        call(
+            "shell",
+            serde_json::json!({"command": format!("rm -rf / {marker}")}),
+        ),
+        call("guarded", serde_json::json!({"text": marker})),
+        call("flaky", serde_json::json!({"x": marker})),
+    ];
+    for c in &calls {
+        let result = gate.call(c, &opts).await;
+        if let Some(error) = &result.error {
+            assert!(!error.message.contains(marker), "{error:?}");
+        }
+    }
+    let approval = gate
+        .propose(&call("guarded", serde_json::json!({"text": marker})), &opts)
+        .unwrap();
+    let _ = gate.execute(&approval.approval_id, &opts).await;
+    let mut seen = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        seen.push(serde_json::to_string(&event).unwrap());
+    }
+    for line in audit.text().lines() {
+        let record: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(
+            record["event"].is_string() && record["call_id"].is_string(),
+            "{line}"
+        );
+    }
+    assert!(seen.len() >= 8, "{seen:?}");
+    assert!(!audit.text().is_empty());
+    assert!(!audit.text().contains(marker), "audit: {}", audit.text());
+    for event in &seen {
+        assert!(!event.contains(marker), "event: {event}");
+    }
+    assert!(
+        logs().text().contains("worker"),
+        "the log capture saw nothing"
+    );
+    assert!(
+        !logs().text().contains(marker),
+        "a log line carried the secret"
+    );
+}
