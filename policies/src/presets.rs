@@ -41,7 +41,8 @@ mod tests {
     fn presets_match_the_published_file_schema_and_typos_do_not() {
         let schema: serde_json::Value = serde_json::from_str(POLICY_FILE_SCHEMA).unwrap();
         let validator = jsonschema::validator_for(&schema).unwrap();
-        for (name, text) in PRESETS {
+        let example = ("examples/gate", include_str!("../examples/gate.toml"));
+        for (name, text) in PRESETS.iter().chain(std::iter::once(&example)) {
             let value: toml::Value = toml::from_str(text).unwrap();
             let json = serde_json::to_value(&value).unwrap();
             let errors: Vec<String> = validator
