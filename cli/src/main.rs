@@ -105,6 +105,40 @@ enum Command {
         #[arg(long)]
         audit: Option<PathBuf>,
     },
+    /// Serve the gate on a Unix socket (JSON lines, or bincode frames for Rust clients).
+    ///
+    /// SIGTERM/SIGINT: stop accepting, let in-flight calls finish within --grace, kill the
+    /// rest, remove the socket. SIGHUP: reload the policy file (an invalid one is refused
+    /// and the old one kept).
+    Serve {
+        /// Policy file (reloaded on SIGHUP).
+        #[arg(long)]
+        policy: PathBuf,
+        /// Socket path (created with mode 0600).
+        #[arg(long)]
+        socket: PathBuf,
+        /// Append audit records (JSON lines) to this file; `-` for stderr.
+        #[arg(long)]
+        audit: Option<PathBuf>,
+        /// Also allow peers with this uid (our own uid is always allowed).
+        #[arg(long = "allow-uid")]
+        allow_uids: Vec<u32>,
+        /// Also allow peers with this gid.
+        #[arg(long = "allow-gid")]
+        allow_gids: Vec<u32>,
+        /// Calls running at once.
+        #[arg(long, default_value_t = 8)]
+        max_concurrent: usize,
+        /// Calls waiting for a slot before new ones get `overloaded`.
+        #[arg(long, default_value_t = 64)]
+        max_queued: usize,
+        /// Time in-flight calls get to finish after SIGTERM.
+        #[arg(long, default_value = "10s")]
+        grace: String,
+        /// Host uid of the sandbox's root when running as root (default 65534).
+        #[arg(long)]
+        sandbox_uid: Option<u32>,
+    },
     /// Print an embedded preset policy (`default`, `examples`).
     Preset {
         /// Preset name; omit to list them.
@@ -373,16 +407,7 @@ fn run_tool(
         plan_mode: flags.plan_mode,
         cancel: None,
     };
-    let audit = match &flags.audit {
-        None => None,
-        Some(path) if path.as_os_str() == "-" => {
-            Some(AuditSink::to_writer(Box::new(std::io::stderr())))
-        }
-        Some(path) => Some(
-            AuditSink::open_file(path)
-                .map_err(|e| anyhow::anyhow!("cannot open audit file {}: {e}", path.display()))?,
-        ),
-    };
+    let audit = open_audit(flags.audit.as_ref())?;
     let runtime = runtime()?;
     let outcome = runtime.block_on(async {
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
@@ -408,6 +433,81 @@ fn run_tool(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Settings of `airlock serve`.
+#[derive(Debug)]
+struct ServeFlags {
+    policy: PathBuf,
+    audit: Option<PathBuf>,
+    config: airlock::daemon::DaemonConfig,
+    sandbox_uid: Option<u32>,
+}
+
+fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
+    Ok(match path {
+        None => None,
+        Some(path) if path.as_os_str() == "-" => {
+            Some(AuditSink::to_writer(Box::new(std::io::stderr())))
+        }
+        Some(path) => Some(
+            AuditSink::open_file(path)
+                .map_err(|e| anyhow::anyhow!("cannot open audit file {}: {e}", path.display()))?,
+        ),
+    })
+}
+
+fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
+    let loaded = load_policy(Some(&flags.policy), None, presets::DEFAULT_PRESET)?;
+    for warning in &loaded.warnings {
+        eprintln!("{warning}");
+    }
+    let audit = open_audit(flags.audit.as_ref())?;
+    let runtime = runtime()?;
+    runtime.block_on(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let supervisor = Arc::new(Supervisor::start(SupervisorOptions { sandbox_host_id: flags.sandbox_uid, ..Default::default() })?);
+        let mut gate = Gate::new(supervisor, loaded.policy);
+        if let Some(audit) = audit {
+            gate = gate.with_audit(audit);
+        }
+        let gate = Arc::new(gate);
+        let stop = airlock::CancelSignal::new();
+        let mut term = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut hangup = signal(SignalKind::hangup())?;
+        let signals = {
+            let stop = stop.clone();
+            let gate = Arc::clone(&gate);
+            let policy_path = flags.policy.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = term.recv() => break,
+                        _ = interrupt.recv() => break,
+                        _ = hangup.recv() => match airlock_policy::load_policy_file(&policy_path) {
+                            Ok(loaded) => {
+                                gate.reload(loaded.policy);
+                                tracing::info!(policy = %policy_path.display(), "policy reloaded; pending approvals invalidated");
+                            }
+                            Err(e) => {
+                                let detail = match &e {
+                                    PolicyError::Invalid { diagnostics, .. } => diagnostics.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
+                                    other => other.to_string(),
+                                };
+                                tracing::error!(policy = %policy_path.display(), error = %detail, "policy reload refused; keeping the old policy");
+                            }
+                        },
+                    }
+                }
+                stop.cancel();
+            })
+        };
+        airlock::daemon::serve(gate, flags.config, stop).await?;
+        signals.abort();
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -489,6 +589,32 @@ fn main() -> ExitCode {
                 "no preset named {name:?}; see `airlock preset`"
             )),
         },
+        Command::Serve {
+            policy,
+            socket,
+            audit,
+            allow_uids,
+            allow_gids,
+            max_concurrent,
+            max_queued,
+            grace,
+            sandbox_uid,
+        } => units::parse_duration(&grace)
+            .map_err(|e| anyhow::anyhow!("--grace: {e}"))
+            .and_then(|grace| {
+                let mut config = airlock::daemon::DaemonConfig::new(socket);
+                config.allow_uids = allow_uids;
+                config.allow_gids = allow_gids;
+                config.max_concurrent = max_concurrent;
+                config.max_queued = max_queued;
+                config.grace = grace;
+                run_serve(ServeFlags {
+                    policy,
+                    audit,
+                    config,
+                    sandbox_uid,
+                })
+            }),
         Command::Doctor(args) => doctor::run_doctor(&args),
         Command::Explain(args) => Ok(explain::run_explain(&args)),
     };

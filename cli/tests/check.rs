@@ -9,7 +9,10 @@ fn airlock() -> Command {
 
 fn presets() -> Vec<String> {
     let mut files = toml_files(concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/presets"));
-    files.extend(toml_files(concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/examples")));
+    files.extend(toml_files(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../policies/examples"
+    )));
     files
 }
 

@@ -10,6 +10,7 @@ pub mod call;
 pub mod cancel;
 pub mod cgroup;
 pub mod channel;
+pub mod daemon;
 pub mod gate;
 pub mod result;
 pub mod sandbox;
