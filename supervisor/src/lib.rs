@@ -1,11 +1,44 @@
-//! airlock: the trusted supervisor — spawn, cgroups, deadlines, results.
+//! airlock: the trusted supervisor — spawn, cgroups, deadlines, the gate, results, daemon.
 //!
-//! [`sandbox::Supervisor`] runs one call in one fresh, single-use worker: it creates the
-//! worker's cgroup, clones the worker from a sealed image into fresh namespaces
-//! ([`spawn`]), speaks the protocol ([`channel`]), enforces the deadline and cancellation,
-//! kills and reaps everything, reads the cgroup counters and returns one [`ToolResult`].
+//! [`Supervisor`] runs one call in one fresh, single-use worker: it creates the worker's
+//! cgroup, clones the worker from a sealed image into fresh namespaces ([`spawn`]), speaks
+//! the protocol ([`channel`]), enforces the deadline and cancellation, kills and reaps
+//! everything, reads the cgroup counters and returns one [`ToolResult`]. [`Gate`] puts the
+//! agent frameworks' semantics in front of it (validation, rules, plan mode, approvals,
+//! retries, rate limits, audit); [`daemon`] serves a gate on a Unix socket.
+//!
+//! A gateway that links the library:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use airlock::{CallOptions, Gate, Supervisor, SupervisorOptions, ToolCall};
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // Workers are this very binary, exec'd from a sealed copy: hook them in first.
+//!     if let Some(code) = airlock_worker::run_if_worker() {
+//!         std::process::exit(code);
+//!     }
+//!     let policy = airlock_policy::load_policy_file("policy.toml".as_ref())?.policy;
+//!     let runtime = tokio::runtime::Runtime::new()?;
+//!     runtime.block_on(async {
+//!         // Or `worker_program: Some((PathBuf::from("/usr/bin/airlock"), vec![]))` to use
+//!         // an installed airlock binary instead of the hook.
+//!         let supervisor = Arc::new(Supervisor::start(SupervisorOptions::default())?);
+//!         let gate = Gate::new(Arc::clone(&supervisor), policy);
+//!         for tool in gate.tools() {
+//!             println!("{}: {}", tool.name, tool.input_schema); // hand these to the model
+//!         }
+//!         let call = ToolCall { call_id: "c1".into(), tool: "word_count".into(), arguments: r#"{"text":"a b"}"#.into() };
+//!         let result = gate.call(&call, &CallOptions::default()).await;
+//!         println!("{}", serde_json::to_string(&result)?);
+//!         supervisor.close().await; // every worker gone, every cgroup removed
+//!         Ok::<(), Box<dyn std::error::Error>>(())
+//!     })
+//! }
+//! ```
 
 pub mod audit;
+pub mod backend;
 pub mod call;
 pub mod cancel;
 pub mod cgroup;
@@ -17,6 +50,7 @@ pub mod sandbox;
 pub mod spawn;
 mod sys;
 
+pub use backend::{Acknowledgement, Sandbox, UnsafeLocal};
 pub use call::{ToolCall, call_tool};
 pub use cancel::CancelSignal;
 pub use gate::{Approval, CallOptions, Gate};

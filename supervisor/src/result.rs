@@ -140,6 +140,8 @@ pub struct AppliedLimits {
 /// The isolation actually applied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Isolation {
+    /// `airlock`, or `unsafe_local` for the explicitly chosen unisolated backend.
+    pub backend: String,
     /// Namespaces entered.
     pub namespaces: Vec<String>,
     /// Landlock ABI (0 = none).
@@ -157,6 +159,7 @@ pub struct Isolation {
 impl Default for Isolation {
     fn default() -> Self {
         Self {
+            backend: "airlock".to_string(),
             namespaces: Vec::new(),
             landlock_abi: 0,
             landlock: LandlockLevel::None,

@@ -51,6 +51,19 @@ pub struct SupervisorOptions {
 pub struct Supervisor {
     spawner: Spawner,
     cgroups: Result<CgroupParent, String>,
+    /// Triggered by `close`: every running call is cancelled, new ones refused.
+    closing: CancelSignal,
+    /// Calls between start and cleanup.
+    active: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a call as active until dropped (however the call ends).
+struct ActiveCall<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for ActiveCall<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// One run to perform.
@@ -221,7 +234,22 @@ impl Supervisor {
         if let Ok(parent) = &cgroups {
             remove_stale_worker_cgroups(parent);
         }
-        Ok(Self { spawner, cgroups })
+        Ok(Self {
+            spawner,
+            cgroups,
+            closing: CancelSignal::new(),
+            active: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// Cancels every running call, refuses new ones, and returns once every worker is
+    /// reaped and its cgroup removed.
+    pub async fn close(&self) {
+        self.closing.cancel();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// The cgroup parent, or why there is none.
@@ -231,6 +259,15 @@ impl Supervisor {
 
     /// Runs `run` in a fresh sandbox and returns its result. `cancel` ends it early.
     pub async fn run(&self, run: SandboxRun, cancel: Option<&CancelSignal>) -> ToolResult {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let _active = ActiveCall(&self.active);
+        if self.closing.is_cancelled() {
+            return ToolResult::rejected(
+                &run.call_id,
+                &run.tool,
+                ToolError::new(ErrorKind::Cancelled, "the supervisor is closing"),
+            );
+        }
         let started = Instant::now();
         let profile = Arc::clone(&run.profile);
         let limits = AppliedLimits {
@@ -454,6 +491,7 @@ impl Supervisor {
                 outcome = &mut talk => outcome,
                 () = tokio::time::sleep_until(deadline) => Conversation::TimedOut { applied: None },
                 () = cancelled => Conversation::Cancelled { applied: None },
+                () = self.closing.cancelled() => Conversation::Cancelled { applied: None },
             }
         };
         let conversation = match conversation {

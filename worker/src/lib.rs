@@ -16,3 +16,22 @@ pub use serve::worker_main;
 
 /// The argv[1] that turns the `airlock` binary into a worker.
 pub const WORKER_ARG: &str = "__airlock_worker";
+
+/// The worker entry hook for programs that link airlock as a library: call it first thing in
+/// `main`, before any thread starts. When the supervisor has exec'd this program as a worker
+/// it serves and returns the exit code to exit with; otherwise it returns `None` at once.
+///
+/// ```no_run
+/// fn main() {
+///     if let Some(code) = airlock_worker::run_if_worker() {
+///         std::process::exit(code);
+///     }
+///     // ... the gateway: build a Supervisor, which execs this same binary as its worker.
+/// }
+/// ```
+// The example is precisely about what goes first in `main`.
+#[allow(clippy::needless_doctest_main)]
+pub fn run_if_worker() -> Option<i32> {
+    let args: Vec<String> = std::env::args().collect();
+    (args.get(1).map(String::as_str) == Some(WORKER_ARG)).then(|| worker_main(&args[2..]))
+}

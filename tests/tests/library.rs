@@ -1,0 +1,160 @@
+//! The Rust library as a gateway uses it: the worker entry hook in a gateway binary, the
+//! `Sandbox` trait over both backends, the explicitly unsafe local backend, and `close`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock::{
+    Acknowledgement, CallOptions, CancelSignal, Gate, Sandbox, Supervisor, SupervisorOptions,
+    ToolCall, UnsafeLocal,
+};
+use airlock_policy::load_policy_str;
+use airlock_tests::{airlock_bin, host_processes_with, sandbox_available};
+
+const POLICY: &str = r#"version = 1
+[profiles.default]
+read = ["/usr"]
+read_optional = ["/bin", "/lib", "/lib64", "/etc/ld.so.cache"]
+tmpfs = { "/tmp" = "16MiB" }
+
+[tools.echo]
+description = "echo a text"
+command = ["/bin/echo", "{text}"]
+side_effect = "read"
+input = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
+
+[tools.sleep]
+description = "sleep"
+command = ["/bin/sleep", "{seconds}"]
+side_effect = "read"
+input = { type = "object", properties = { seconds = { type = "string" } }, required = ["seconds"] }
+"#;
+
+#[test]
+fn a_gateway_binary_with_the_entry_hook_runs_its_own_workers() {
+    if !sandbox_available() {
+        return;
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_airlock-gateway-example"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(result["ok"], true, "{result}");
+    assert_eq!(result["stdout"], "hello from gateway\n");
+    assert_eq!(result["isolation"]["backend"], "airlock");
+    assert_eq!(
+        result["isolation"]["namespaces"].as_array().unwrap().len(),
+        7
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_backends_plug_in_behind_the_sandbox_trait_and_say_which_they_are() {
+    if !sandbox_available() {
+        return;
+    }
+    let policy = || load_policy_str(POLICY, "lib.toml").unwrap().policy;
+    let supervisor = Arc::new(
+        Supervisor::start(SupervisorOptions {
+            worker_program: Some((airlock_bin(), Vec::new())),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let backends: Vec<Box<dyn Sandbox>> = vec![
+        Box::new(Gate::new(supervisor, policy())),
+        Box::new(UnsafeLocal::new(
+            policy(),
+            Acknowledgement::ToolsRunOnTheHostWithoutIsolation,
+        )),
+    ];
+    let call = ToolCall {
+        call_id: "b".into(),
+        tool: "echo".into(),
+        arguments: r#"{"text": "hi"}"#.into(),
+    };
+    for backend in &backends {
+        assert_eq!(backend.tools().len(), 2);
+        let result = backend.call(&call, &CallOptions::default()).await;
+        assert!(result.ok, "{}: {result:?}", backend.backend());
+        assert_eq!(result.stdout, "hi\n");
+        assert_eq!(result.isolation.backend, backend.backend());
+        if backend.backend() == "unsafe_local" {
+            assert!(result.isolation.namespaces.is_empty());
+            assert!(result.isolation.seccomp.is_none());
+        } else {
+            assert!(!result.isolation.namespaces.is_empty());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_cancels_running_calls_and_leaves_nothing_behind() {
+    if !sandbox_available() {
+        return;
+    }
+    let supervisor = Arc::new(
+        Supervisor::start(SupervisorOptions {
+            worker_program: Some((airlock_bin(), Vec::new())),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let gate = Arc::new(Gate::new(
+        Arc::clone(&supervisor),
+        load_policy_str(POLICY, "lib.toml").unwrap().policy,
+    ));
+    let marker = format!("8{}.5", std::process::id());
+    let running = {
+        let gate = Arc::clone(&gate);
+        let marker = marker.clone();
+        tokio::spawn(async move {
+            let call = ToolCall {
+                call_id: "long".into(),
+                tool: "sleep".into(),
+                arguments: serde_json::json!({"seconds": marker}).to_string(),
+            };
+            gate.call(
+                &call,
+                &CallOptions {
+                    cancel: Some(CancelSignal::new()),
+                    ..Default::default()
+                },
+            )
+            .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host_processes_with(&format!("sleep {marker}")).is_empty() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    supervisor.close().await;
+    let result = running.await.unwrap();
+    assert_eq!(
+        result.error.as_ref().map(|e| e.kind),
+        Some(airlock::ErrorKind::Cancelled),
+        "{result:?}"
+    );
+    assert!(host_processes_with(&format!("sleep {marker}")).is_empty());
+    let after = gate
+        .call(
+            &ToolCall {
+                call_id: "late".into(),
+                tool: "echo".into(),
+                arguments: r#"{"text": "x"}"#.into(),
+            },
+            &CallOptions::default(),
+        )
+        .await;
+    assert_eq!(
+        after.error.as_ref().map(|e| e.kind),
+        Some(airlock::ErrorKind::Cancelled)
+    );
+}
