@@ -527,14 +527,10 @@ fn describe_network(network: &Network) -> NetworkFacts {
         },
         Network::Tcp { connect, bind } => NetworkFacts {
             mode: "tcp",
-            // The spec asks for the host network (NetworkMode::Host), but the supervisor
-            // still clones every worker into a fresh network namespace (supervisor/src/
-            // sys.rs WORKER_NAMESPACES), so say what actually happens.
             summary: format!(
-                "TCP as the rules allow: connect to {}, bind to {} (Landlock, ABI 4 / Linux \
-                 6.7; other protocols such as UDP are not narrowed by Landlock). Note: this \
-                 version still gives each worker a fresh network namespace with no interface, \
-                 so nothing outside the sandbox is reachable yet",
+                "the host network, TCP as the rules allow: connect to {}, bind to {} (Landlock, \
+                 ABI 4 / Linux 6.7); abstract unix sockets scoped to the sandbox (ABI 6, \
+                 required); other protocols such as UDP are not narrowed by Landlock",
                 ports(connect),
                 ports(bind)
             ),

@@ -437,6 +437,8 @@ impl Supervisor {
                 stdio,
                 join_cgroups,
                 cgroup_dir,
+                new_network_namespace: run.profile.spec.network
+                    != airlock_protocol::NetworkMode::Host,
             })
             .await
             .map_err(|e| {

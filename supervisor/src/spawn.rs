@@ -160,6 +160,8 @@ pub struct SpawnRequest {
     pub join_cgroups: Vec<OwnedFd>,
     /// v2 cgroup directory for CLONE_INTO_CGROUP.
     pub cgroup_dir: Option<OwnedFd>,
+    /// A fresh network namespace (false only for profiles on the host network).
+    pub new_network_namespace: bool,
 }
 
 /// A started worker.
@@ -279,8 +281,12 @@ fn spawn_worker(
         socket: worker_end.as_raw_fd(),
         report: report_write.as_raw_fd(),
     };
-    let cloned = sys::clone_worker(&plan, request.cgroup_dir.as_ref().map(AsRawFd::as_raw_fd))
-        .map_err(|source| SpawnError::Clone { source })?;
+    let cloned = sys::clone_worker(
+        &plan,
+        request.cgroup_dir.as_ref().map(AsRawFd::as_raw_fd),
+        request.new_network_namespace,
+    )
+    .map_err(|source| SpawnError::Clone { source })?;
     drop(worker_end);
     drop(maps_read);
     drop(report_write);

@@ -228,9 +228,17 @@ pub struct Cloned {
 
 /// clone3 into fresh namespaces (optionally directly into a v2 cgroup), and in the child
 /// run [`run_child`].
-pub fn clone_worker(plan: &ChildPlan<'_>, cgroup_dir: Option<RawFd>) -> io::Result<Cloned> {
+pub fn clone_worker(
+    plan: &ChildPlan<'_>,
+    cgroup_dir: Option<RawFd>,
+    new_network_namespace: bool,
+) -> io::Result<Cloned> {
     let mut pidfd: libc::c_int = -1;
     let mut flags = WORKER_NAMESPACES | libc::CLONE_PIDFD as u64;
+    if !new_network_namespace {
+        // Host network (TCP narrowed by Landlock port rules, abstract sockets by scoping).
+        flags &= !(libc::CLONE_NEWNET as u64);
+    }
     if cgroup_dir.is_some() {
         flags |= CLONE_INTO_CGROUP;
     }

@@ -156,6 +156,23 @@ pub fn confine_worker(
         }
     })?;
 
+    // On the host network, abstract unix sockets of host daemons are reachable unless
+    // Landlock scopes them (ABI 6, Linux 6.12); TCP is narrowed by the port rules.
+    if spec.network == NetworkMode::Host
+        && landlock.abi < 6
+        && spec.landlock.requirement == Requirement::Required
+    {
+        return Err(ConfineError {
+            step: "landlock",
+            message: format!(
+                "a profile on the host network needs Landlock ABI 6 to scope abstract unix sockets; this kernel has ABI {}",
+                landlock.abi
+            ),
+            errno: None,
+            feature_missing: true,
+        });
+    }
+
     // 11. seccomp last: everything above uses syscalls the filter refuses (mount,
     //     sethostname, ...). From here on the worker itself runs under the filter too.
     let seccomp_installed = match sys::install_seccomp_filter(&spec.seccomp.program) {
@@ -178,7 +195,11 @@ pub fn confine_worker(
     };
 
     Ok(AppliedIsolation {
-        namespaces: NAMESPACES.iter().map(|s| s.to_string()).collect(),
+        namespaces: NAMESPACES
+            .iter()
+            .filter(|ns| spec.network != NetworkMode::Host || **ns != "net")
+            .map(|s| s.to_string())
+            .collect(),
         landlock_abi: landlock.abi,
         landlock_fully_enforced: landlock.fully_enforced,
         seccomp_installed,
