@@ -45,6 +45,7 @@ pub mod cgroup;
 pub mod channel;
 pub mod daemon;
 pub mod gate;
+pub mod pool;
 pub mod result;
 pub mod sandbox;
 pub mod spawn;

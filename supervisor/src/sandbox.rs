@@ -19,6 +19,7 @@ use airlock_protocol::{
 use crate::cancel::CancelSignal;
 use crate::cgroup::{CgroupLimits, CgroupParent, CgroupStats, WorkerCgroup};
 use crate::channel::{ChannelError, WorkerChannel};
+use crate::pool::{Pool, PoolStats};
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
 use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawner, WorkerImage};
 use crate::sys;
@@ -55,6 +56,31 @@ pub struct Supervisor {
     closing: CancelSignal,
     /// Calls between start and cleanup.
     active: std::sync::atomic::AtomicUsize,
+    /// Pre-confined idle workers by profile.
+    pool: Pool<ReadyWorker>,
+}
+
+/// A confined worker waiting for its one call.
+#[derive(Debug)]
+struct ReadyWorker {
+    lease: WorkerLease,
+    channel: WorkerChannel,
+    applied: AppliedIsolation,
+}
+
+/// Why no worker could be made ready.
+enum PrepareError {
+    /// Refused before anything was spawned.
+    Rejected(Box<ToolError>),
+    /// Spawned but the handshake or confinement failed; the lease still needs cleanup.
+    Failed(Conversation, WorkerLease),
+}
+
+/// Profiles with identical specs and limits share a pool.
+fn pool_key(profile: &CompiledProfile) -> String {
+    airlock_policy::compile::sha256_hex(
+        format!("{}\n{:?}\n{:?}", profile.name, profile.spec, profile.limits).as_bytes(),
+    )
 }
 
 /// Counts a call as active until dropped (however the call ends).
@@ -110,6 +136,7 @@ enum Conversation {
 /// Owns a worker's pidfd and cgroup until they are cleaned up. If the call is dropped
 /// midway (cancellation by drop), `Drop` kills the tree at once and a short-lived thread
 /// reaps the worker and removes its cgroup, so nothing is left behind either way.
+#[derive(Debug)]
 struct WorkerLease {
     pidfd: Option<OwnedFd>,
     cgroup: Option<WorkerCgroup>,
@@ -239,6 +266,7 @@ impl Supervisor {
             cgroups,
             closing: CancelSignal::new(),
             active: std::sync::atomic::AtomicUsize::new(0),
+            pool: Pool::default(),
         })
     }
 
@@ -246,6 +274,9 @@ impl Supervisor {
     /// reaped and its cgroup removed.
     pub async fn close(&self) {
         self.closing.cancel();
+        for mut worker in self.pool.drain() {
+            let _ = finish_worker(&mut worker.lease).await;
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -257,7 +288,8 @@ impl Supervisor {
         self.cgroups.as_ref().map_err(String::as_str)
     }
 
-    /// Runs `run` in a fresh sandbox and returns its result. `cancel` ends it early.
+    /// Runs `run` in a fresh sandbox and returns its result. `cancel` ends it early. A
+    /// pre-confined idle worker of the same profile is used when the pool has one.
     pub async fn run(&self, run: SandboxRun, cancel: Option<&CancelSignal>) -> ToolResult {
         self.active.fetch_add(1, Ordering::SeqCst);
         let _active = ActiveCall(&self.active);
@@ -270,73 +302,268 @@ impl Supervisor {
         }
         let started = Instant::now();
         let profile = Arc::clone(&run.profile);
-        let limits = AppliedLimits {
-            memory_bytes: profile.limits.memory_bytes,
-            pids: profile.limits.pids,
-            timeout_ms: duration_ms(run.timeout),
-            output_bytes: profile.limits.output_bytes,
-        };
         let mut result = ToolResult::rejected(
             &run.call_id,
             &run.tool,
             ToolError::new(ErrorKind::SandboxUnavailable, ""),
         );
         result.attempts = 1;
-        result.isolation.limits = limits;
+        result.isolation.limits = AppliedLimits {
+            memory_bytes: profile.limits.memory_bytes,
+            pids: profile.limits.pids,
+            timeout_ms: duration_ms(run.timeout),
+            output_bytes: profile.limits.output_bytes,
+        };
+        let deadline = tokio::time::Instant::from_std(started + run.timeout);
 
-        // cgroup first: the worker joins it before it does anything.
-        let cgroup = match self.create_cgroup(&profile) {
-            Ok(cgroup) => cgroup,
-            Err(error) => {
+        // Pooled workers have /dev/null stdio, so only captured runs can use them.
+        let pooled = if run.inherit_stdio.is_none() {
+            self.pool.take(&pool_key(&profile))
+        } else {
+            None
+        };
+        let worker = match pooled {
+            Some(worker) => Ok(worker),
+            None => {
+                if run.inherit_stdio.is_none() {
+                    self.pool.note_miss();
+                }
+                self.prepare_worker(&profile, run.inherit_stdio.as_ref(), deadline, cancel)
+                    .await
+            }
+        };
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "worker ready"
+        );
+        let (conversation, mut lease) = match worker {
+            Ok(worker) => {
+                result.isolation.cgroup = worker
+                    .lease
+                    .cgroup
+                    .as_ref()
+                    .map(|c| c.version().to_string());
+                self.run_on_worker(worker, &run, deadline, cancel).await
+            }
+            Err(PrepareError::Rejected(error)) => {
                 result.error = Some(*error);
                 result.duration_ms = duration_ms(started.elapsed());
                 return result;
             }
+            Err(PrepareError::Failed(conversation, lease)) => {
+                result.isolation.cgroup = lease.cgroup.as_ref().map(|c| c.version().to_string());
+                (conversation, lease)
+            }
         };
-        result.isolation.cgroup = cgroup.as_ref().map(|c| c.version().to_string());
-        let mut lease = WorkerLease {
-            pidfd: None,
-            cgroup,
-        };
-        tracing::debug!(
-            elapsed_us = started.elapsed().as_micros() as u64,
-            "cgroup ready"
-        );
-
-        let outcome = self
-            .spawn_and_converse(&run, &mut lease, started, cancel)
-            .await;
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
             "conversation over"
         );
 
         // Single-use worker: whatever happened, it and everything it started die now.
-        lease.kill();
-        if let Some(pidfd) = &lease.pidfd {
-            wait_for_exit(pidfd).await;
-        }
+        let stats = finish_worker(&mut lease).await;
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
-            "worker reaped"
+            "worker reaped, cgroup removed"
         );
-        let stats = lease.cgroup.as_ref().and_then(|c| c.read_stats().ok());
-        lease.release();
-        tracing::debug!(
-            elapsed_us = started.elapsed().as_micros() as u64,
-            "cgroup removed"
-        );
-        let conversation = match outcome {
-            Ok(conversation) => conversation,
-            Err(error) => {
-                result.error = Some(*error);
-                result.duration_ms = duration_ms(started.elapsed());
-                return result;
-            }
-        };
         result.duration_ms = duration_ms(started.elapsed());
         finish_result(&mut result, conversation, stats.as_ref(), &profile, &run);
         result
+    }
+
+    /// Keeps `idle` pre-confined workers of `profile` ready, replenishing off the critical
+    /// path until the supervisor closes. Every call still gets a fresh, single-use worker.
+    pub fn keep_warm(self: &Arc<Self>, profile: Arc<CompiledProfile>, idle: usize) {
+        let key = pool_key(&profile);
+        let weak = Arc::downgrade(self);
+        let notify = self.pool.notify_for(&key);
+        tokio::spawn(async move {
+            loop {
+                let Some(supervisor) = weak.upgrade() else {
+                    return;
+                };
+                if supervisor.closing.is_cancelled() {
+                    return;
+                }
+                while supervisor.pool.idle_count(&key) < idle && !supervisor.closing.is_cancelled()
+                {
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                    match supervisor
+                        .prepare_worker(&profile, None, deadline, None)
+                        .await
+                    {
+                        Ok(worker) => supervisor.pool.put(&key, worker),
+                        Err(PrepareError::Failed(_, mut lease)) => {
+                            let _ = finish_worker(&mut lease).await;
+                            tracing::warn!(profile = %profile.name, "could not pre-confine a pooled worker");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        Err(PrepareError::Rejected(e)) => {
+                            tracing::warn!(profile = %profile.name, error = %e.message, "could not pre-confine a pooled worker");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+                drop(supervisor);
+                notify.notified().await;
+            }
+        });
+    }
+
+    /// Pool counters.
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// cgroup, spawn, handshake and confinement: a worker waiting for its one call.
+    async fn prepare_worker(
+        &self,
+        profile: &CompiledProfile,
+        inherit_stdio: Option<&[OwnedFd; 3]>,
+        deadline: tokio::time::Instant,
+        cancel: Option<&CancelSignal>,
+    ) -> Result<ReadyWorker, PrepareError> {
+        let unavailable = |step: &str, message: String| {
+            Box::new(ToolError {
+                step: Some(step.to_string()),
+                ..ToolError::new(ErrorKind::SandboxUnavailable, message)
+            })
+        };
+        // cgroup first: the worker joins it before it does anything.
+        let cgroup = self
+            .create_cgroup(profile)
+            .map_err(PrepareError::Rejected)?;
+        let mut lease = WorkerLease {
+            pidfd: None,
+            cgroup,
+        };
+        let stdio = match inherit_stdio {
+            Some(fds) => {
+                let dup = |fd: &OwnedFd| fd.as_fd().try_clone_to_owned();
+                [dup(&fds[0]), dup(&fds[1]), dup(&fds[2])]
+            }
+            None => [open_null(), open_null(), open_null()],
+        };
+        let stdio = match stdio {
+            [Ok(a), Ok(b), Ok(c)] => [a, b, c],
+            _ => {
+                return Err(PrepareError::Rejected(unavailable(
+                    "stdio",
+                    "cannot prepare the worker's stdio".into(),
+                )));
+            }
+        };
+        let (join_cgroups, cgroup_dir) = match &lease.cgroup {
+            Some(cg) => {
+                let dir = cg
+                    .open_dir_v2()
+                    .map_err(|e| PrepareError::Rejected(unavailable("cgroup", error_chain(&e))))?;
+                let procs = if dir.is_some() {
+                    Vec::new()
+                } else {
+                    cg.open_procs_files().map_err(|e| {
+                        PrepareError::Rejected(unavailable("cgroup", error_chain(&e)))
+                    })?
+                };
+                (procs, dir)
+            }
+            None => (Vec::new(), None),
+        };
+        let request = SpawnRequest {
+            stdio,
+            join_cgroups,
+            cgroup_dir,
+            new_network_namespace: profile.spec.network != airlock_protocol::NetworkMode::Host,
+        };
+        let spawned = self.spawner.spawn(request).await.map_err(|e| {
+            let mut error = unavailable("spawn", error_chain(&e));
+            error.transient = e.is_transient();
+            PrepareError::Rejected(error)
+        })?;
+        // From here the lease owns the worker: dropping this future kills and reaps it.
+        lease.pidfd = Some(spawned.pidfd);
+        let std_stream = std::os::unix::net::UnixStream::from(spawned.socket);
+        let stream = std_stream
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixStream::from_std(std_stream));
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                return Err(PrepareError::Failed(
+                    Conversation::Broken(ChannelError::Io(e)),
+                    lease,
+                ));
+            }
+        };
+        // Worker reports carry at most two bounded outputs plus small fields.
+        let max_frame = usize::try_from(profile.limits.output_bytes)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(2)
+            .saturating_add(64 << 10);
+        let mut channel = WorkerChannel::new(stream, max_frame);
+        let handshake = {
+            let talk = confine_over(&mut channel, profile);
+            tokio::pin!(talk);
+            tokio::select! {
+                outcome = &mut talk => outcome,
+                () = tokio::time::sleep_until(deadline) => Err(Conversation::TimedOut { applied: None }),
+                () = wait_cancel(cancel) => Err(Conversation::Cancelled { applied: None }),
+                () = self.closing.cancelled() => Err(Conversation::Cancelled { applied: None }),
+            }
+        };
+        match handshake {
+            Ok(applied) => Ok(ReadyWorker {
+                lease,
+                channel,
+                applied,
+            }),
+            Err(conversation) => Err(PrepareError::Failed(conversation, lease)),
+        }
+    }
+
+    /// Sends the one call to a ready worker and waits for its report, the deadline or a
+    /// cancellation.
+    async fn run_on_worker(
+        &self,
+        worker: ReadyWorker,
+        run: &SandboxRun,
+        deadline: tokio::time::Instant,
+        cancel: Option<&CancelSignal>,
+    ) -> (Conversation, WorkerLease) {
+        let ReadyWorker {
+            lease,
+            mut channel,
+            applied,
+        } = worker;
+        let request = RunRequest {
+            call_id: run.call_id.clone(),
+            tool: run.tool.clone(),
+            argv: run.argv.clone(),
+            stdin: run.stdin.clone(),
+            arguments_json: run.arguments_json.clone(),
+            output_limit_bytes: run.profile.limits.output_bytes,
+            stdio: if run.inherit_stdio.is_some() {
+                StdioMode::Inherit
+            } else {
+                StdioMode::Capture
+            },
+            builtin: run.builtin.clone(),
+        };
+        let conversation = {
+            let talk = run_over(&mut channel, request);
+            tokio::pin!(talk);
+            tokio::select! {
+                outcome = &mut talk => match outcome {
+                    Ok(report) => Conversation::Finished { applied: applied.clone(), report },
+                    Err(broken) => broken,
+                },
+                () = tokio::time::sleep_until(deadline) => Conversation::TimedOut { applied: Some(applied.clone()) },
+                () = wait_cancel(cancel) => Conversation::Cancelled { applied: Some(applied.clone()) },
+                () = self.closing.cancelled() => Conversation::Cancelled { applied: Some(applied.clone()) },
+            }
+        };
+        let _ = channel.send(&SupervisorMessage::Shutdown).await;
+        (conversation, lease)
     }
 
     fn create_cgroup(
@@ -380,134 +607,6 @@ impl Supervisor {
             Err(_) => Ok(None),
         }
     }
-
-    async fn spawn_and_converse(
-        &self,
-        run: &SandboxRun,
-        lease: &mut WorkerLease,
-        started: Instant,
-        cancel: Option<&CancelSignal>,
-    ) -> Result<Conversation, Box<ToolError>> {
-        let unavailable = |step: &str, message: String| {
-            Box::new(ToolError {
-                step: Some(step.to_string()),
-                ..ToolError::new(ErrorKind::SandboxUnavailable, message)
-            })
-        };
-        let stdio_mode = if run.inherit_stdio.is_some() {
-            StdioMode::Inherit
-        } else {
-            StdioMode::Capture
-        };
-        let stdio = match &run.inherit_stdio {
-            Some(fds) => {
-                let dup = |fd: &OwnedFd| fd.as_fd().try_clone_to_owned();
-                [dup(&fds[0]), dup(&fds[1]), dup(&fds[2])]
-            }
-            None => [open_null(), open_null(), open_null()],
-        };
-        let [a, b, c] = stdio;
-        let stdio = match (a, b, c) {
-            (Ok(a), Ok(b), Ok(c)) => [a, b, c],
-            _ => {
-                return Err(unavailable(
-                    "stdio",
-                    "cannot prepare the worker's stdio".into(),
-                ));
-            }
-        };
-        let (join_cgroups, cgroup_dir) = match &lease.cgroup {
-            Some(cg) => {
-                let dir = cg
-                    .open_dir_v2()
-                    .map_err(|e| unavailable("cgroup", error_chain(&e)))?;
-                let procs = if dir.is_some() {
-                    Vec::new()
-                } else {
-                    cg.open_procs_files()
-                        .map_err(|e| unavailable("cgroup", error_chain(&e)))?
-                };
-                (procs, dir)
-            }
-            None => (Vec::new(), None),
-        };
-        let spawned = self
-            .spawner
-            .spawn(SpawnRequest {
-                stdio,
-                join_cgroups,
-                cgroup_dir,
-                new_network_namespace: run.profile.spec.network
-                    != airlock_protocol::NetworkMode::Host,
-            })
-            .await
-            .map_err(|e| {
-                let mut error = unavailable("spawn", error_chain(&e));
-                error.transient = e.is_transient();
-                error
-            })?;
-
-        tracing::debug!(
-            elapsed_us = started.elapsed().as_micros() as u64,
-            pid = spawned.pid,
-            "worker spawned"
-        );
-        // From here the lease owns the worker: dropping this future kills and reaps it.
-        lease.pidfd = Some(spawned.pidfd);
-        let stream = Ok(spawned.socket).and_then(|fd: OwnedFd| {
-            let std_stream = std::os::unix::net::UnixStream::from(fd);
-            std_stream
-                .set_nonblocking(true)
-                .map_err(|e| unavailable("spawn", e.to_string()))?;
-            tokio::net::UnixStream::from_std(std_stream)
-                .map_err(|e| unavailable("spawn", e.to_string()))
-        })?;
-        // Worker reports carry at most two bounded outputs plus small fields.
-        let max_frame = usize::try_from(run.profile.limits.output_bytes)
-            .unwrap_or(usize::MAX)
-            .saturating_mul(2)
-            .saturating_add(64 << 10);
-        let mut channel = WorkerChannel::new(stream, max_frame);
-        let request = RunRequest {
-            call_id: run.call_id.clone(),
-            tool: run.tool.clone(),
-            argv: run.argv.clone(),
-            stdin: run.stdin.clone(),
-            arguments_json: run.arguments_json.clone(),
-            output_limit_bytes: run.profile.limits.output_bytes,
-            stdio: stdio_mode,
-            builtin: run.builtin.clone(),
-        };
-        let deadline = tokio::time::Instant::from_std(started + run.timeout);
-        let mut applied_seen: Option<AppliedIsolation> = None;
-        let conversation = {
-            let talk = converse(&mut channel, &run.profile, request, &mut applied_seen);
-            tokio::pin!(talk);
-            let cancelled = async {
-                match cancel {
-                    Some(signal) => signal.cancelled().await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                outcome = &mut talk => outcome,
-                () = tokio::time::sleep_until(deadline) => Conversation::TimedOut { applied: None },
-                () = cancelled => Conversation::Cancelled { applied: None },
-                () = self.closing.cancelled() => Conversation::Cancelled { applied: None },
-            }
-        };
-        let conversation = match conversation {
-            Conversation::TimedOut { .. } => Conversation::TimedOut {
-                applied: applied_seen,
-            },
-            Conversation::Cancelled { .. } => Conversation::Cancelled {
-                applied: applied_seen,
-            },
-            other => other,
-        };
-        let _ = channel.send(&SupervisorMessage::Shutdown).await;
-        Ok(conversation)
-    }
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {
@@ -520,57 +619,76 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// The protocol, in order: hello, setup, ready, run, report.
-async fn converse(
+/// The first half of the protocol: hello, setup, ready. Returns what the worker applied.
+async fn confine_over(
     channel: &mut WorkerChannel,
     profile: &CompiledProfile,
-    request: RunRequest,
-    applied_seen: &mut Option<AppliedIsolation>,
-) -> Conversation {
+) -> Result<AppliedIsolation, Conversation> {
     let violation = |what: String| Conversation::Broken(ChannelError::Violation(what));
     match channel.receive().await {
         Ok(WorkerMessage::Hello { version }) if version == PROTOCOL_VERSION => {}
         Ok(WorkerMessage::Hello { version }) => {
-            return violation(format!(
+            return Err(violation(format!(
                 "worker speaks protocol {version}, we speak {PROTOCOL_VERSION}"
-            ));
+            )));
         }
-        Ok(other) => return violation(format!("expected Hello, got {}", other.name())),
-        Err(e) => return Conversation::Broken(e),
+        Ok(other) => return Err(violation(format!("expected Hello, got {}", other.name()))),
+        Err(e) => return Err(Conversation::Broken(e)),
     }
-    tracing::debug!("worker said hello");
-    if let Err(e) = channel
+    channel
         .send(&SupervisorMessage::Hello {
             version: PROTOCOL_VERSION,
         })
         .await
-    {
-        return Conversation::Broken(e);
-    }
-    if let Err(e) = channel
+        .map_err(Conversation::Broken)?;
+    channel
         .send(&SupervisorMessage::Setup(Box::new(profile.spec.clone())))
         .await
-    {
-        return Conversation::Broken(e);
-    }
-    let applied = match channel.receive().await {
-        Ok(WorkerMessage::Ready(applied)) => applied,
-        Ok(WorkerMessage::SetupFailed(failure)) => return Conversation::SetupFailed { failure },
-        Ok(other) => return violation(format!("expected Ready, got {}", other.name())),
-        Err(e) => return Conversation::Broken(e),
-    };
-    tracing::debug!("worker confined");
-    *applied_seen = Some(applied.clone());
-    if let Err(e) = channel.send(&SupervisorMessage::Run(request)).await {
-        return Conversation::Broken(e);
-    }
+        .map_err(Conversation::Broken)?;
     match channel.receive().await {
-        Ok(report @ (WorkerMessage::Exited(_) | WorkerMessage::RunFailed { .. })) => {
-            Conversation::Finished { applied, report }
-        }
-        Ok(other) => violation(format!("expected Exited, got {}", other.name())),
-        Err(e) => Conversation::Broken(e),
+        Ok(WorkerMessage::Ready(applied)) => Ok(applied),
+        Ok(WorkerMessage::SetupFailed(failure)) => Err(Conversation::SetupFailed { failure }),
+        Ok(other) => Err(violation(format!("expected Ready, got {}", other.name()))),
+        Err(e) => Err(Conversation::Broken(e)),
     }
+}
+
+/// The second half: run, report.
+async fn run_over(
+    channel: &mut WorkerChannel,
+    request: RunRequest,
+) -> Result<WorkerMessage, Conversation> {
+    channel
+        .send(&SupervisorMessage::Run(request))
+        .await
+        .map_err(Conversation::Broken)?;
+    match channel.receive().await {
+        Ok(report @ (WorkerMessage::Exited(_) | WorkerMessage::RunFailed { .. })) => Ok(report),
+        Ok(other) => Err(Conversation::Broken(ChannelError::Violation(format!(
+            "expected Exited, got {}",
+            other.name()
+        )))),
+        Err(e) => Err(Conversation::Broken(e)),
+    }
+}
+
+async fn wait_cancel(cancel: Option<&CancelSignal>) {
+    match cancel {
+        Some(signal) => signal.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Kills the worker tree, waits for the worker to be reaped, reads the cgroup counters and
+/// removes the cgroup.
+async fn finish_worker(lease: &mut WorkerLease) -> Option<CgroupStats> {
+    lease.kill();
+    if let Some(pidfd) = &lease.pidfd {
+        wait_for_exit(pidfd).await;
+    }
+    let stats = lease.cgroup.as_ref().and_then(|c| c.read_stats().ok());
+    lease.release();
+    stats
 }
 
 /// Waits until the worker (already sent SIGKILL) has exited and is reaped.

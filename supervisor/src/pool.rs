@@ -1,0 +1,184 @@
+//! Pools of pre-confined, idle, single-use workers, one per sandbox profile.
+//!
+//! A worker is taken out exactly once, for exactly one call; taking one wakes the profile's
+//! replenisher, which confines a replacement off the critical path. Generic over the worker
+//! type so the bookkeeping is testable without sandboxes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+/// Pool counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PoolStats {
+    /// Calls served by a pre-confined worker.
+    pub hits: u64,
+    /// Captured calls that found the pool empty and spawned cold.
+    pub misses: u64,
+    /// Idle workers now, over all profiles.
+    pub idle: usize,
+}
+
+#[derive(Debug)]
+struct Slot<W> {
+    idle: Vec<W>,
+    notify: Arc<Notify>,
+}
+
+/// Idle workers by pool key.
+#[derive(Debug)]
+pub struct Pool<W> {
+    slots: Mutex<HashMap<String, Slot<W>>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl<W> Default for Pool<W> {
+    fn default() -> Self {
+        Self {
+            slots: Mutex::new(HashMap::new()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<W> Pool<W> {
+    /// Registers a pooled key; the returned notify fires whenever a worker is taken.
+    pub fn notify_for(&self, key: &str) -> Arc<Notify> {
+        let Ok(mut slots) = self.slots.lock() else {
+            return Arc::new(Notify::new());
+        };
+        let slot = slots.entry(key.to_string()).or_insert_with(|| Slot {
+            idle: Vec::new(),
+            notify: Arc::new(Notify::new()),
+        });
+        Arc::clone(&slot.notify)
+    }
+
+    /// Takes an idle worker for `key`, if any, and wakes the replenisher.
+    pub fn take(&self, key: &str) -> Option<W> {
+        let Ok(mut slots) = self.slots.lock() else {
+            return None;
+        };
+        let slot = slots.get_mut(key)?;
+        let worker = slot.idle.pop();
+        if worker.is_some() {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            slot.notify.notify_one();
+        }
+        worker
+    }
+
+    /// Adds an idle worker for `key`.
+    pub fn put(&self, key: &str, worker: W) {
+        if let Ok(mut slots) = self.slots.lock() {
+            slots
+                .entry(key.to_string())
+                .or_insert_with(|| Slot {
+                    idle: Vec::new(),
+                    notify: Arc::new(Notify::new()),
+                })
+                .idle
+                .push(worker);
+        }
+    }
+
+    /// Idle workers for `key`.
+    pub fn idle_count(&self, key: &str) -> usize {
+        self.slots
+            .lock()
+            .ok()
+            .and_then(|s| s.get(key).map(|slot| slot.idle.len()))
+            .unwrap_or(0)
+    }
+
+    /// Counts a cold spawn of a call that could have used the pool.
+    pub fn note_miss(&self) {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every idle worker, removed from the pool (for shutdown); wakes every replenisher.
+    pub fn drain(&self) -> Vec<W> {
+        let Ok(mut slots) = self.slots.lock() else {
+            return Vec::new();
+        };
+        let mut all = Vec::new();
+        for slot in slots.values_mut() {
+            all.append(&mut slot.idle);
+            slot.notify.notify_one();
+        }
+        all
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PoolStats {
+        let idle = self
+            .slots
+            .lock()
+            .map(|s| s.values().map(|slot| slot.idle.len()).sum())
+            .unwrap_or(0);
+        PoolStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            idle,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_are_handed_out_once_and_counted() {
+        let pool: Pool<u32> = Pool::default();
+        let _ = pool.notify_for("p");
+        pool.put("p", 1);
+        pool.put("p", 2);
+        assert_eq!(pool.idle_count("p"), 2);
+        let a = pool.take("p").unwrap();
+        let b = pool.take("p").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(pool.take("p"), None);
+        assert_eq!(pool.take("other"), None);
+        pool.note_miss();
+        assert_eq!(
+            pool.stats(),
+            PoolStats {
+                hits: 2,
+                misses: 1,
+                idle: 0
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn taking_a_worker_wakes_the_replenisher() {
+        let pool: Pool<u32> = Pool::default();
+        let notify = pool.notify_for("p");
+        pool.put("p", 7);
+        let waiter = tokio::spawn(async move { notify.notified().await });
+        tokio::task::yield_now().await;
+        assert_eq!(pool.take("p"), Some(7));
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[test]
+    fn drain_empties_every_profile() {
+        let pool: Pool<u32> = Pool::default();
+        pool.put("a", 1);
+        pool.put("b", 2);
+        let mut all = pool.drain();
+        all.sort_unstable();
+        assert_eq!(all, vec![1, 2]);
+        assert_eq!(pool.stats().idle, 0);
+    }
+}
