@@ -138,6 +138,9 @@ enum Command {
         /// Host uid of the sandbox's root when running as root (default 65534).
         #[arg(long)]
         sandbox_uid: Option<u32>,
+        /// Pre-confined idle workers kept per profile (0 disables the pool).
+        #[arg(long, default_value_t = 2)]
+        pool: usize,
     },
     /// Print an embedded preset policy (`default`, `examples`).
     Preset {
@@ -442,6 +445,7 @@ struct ServeFlags {
     audit: Option<PathBuf>,
     config: airlock::daemon::DaemonConfig,
     sandbox_uid: Option<u32>,
+    pool: usize,
 }
 
 fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
@@ -467,7 +471,16 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
     runtime.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions { sandbox_host_id: flags.sandbox_uid, ..Default::default() })?);
-        let mut gate = Gate::new(supervisor, loaded.policy);
+        if flags.pool > 0 {
+            // Warm every profile some tool uses; each call still gets a fresh worker.
+            let used: std::collections::BTreeSet<&String> = loaded.policy.tools.values().map(|t| &t.tool.profile).collect();
+            for name in used {
+                if let Some(profile) = loaded.policy.profiles.get(name) {
+                    supervisor.keep_warm(Arc::clone(profile), flags.pool);
+                }
+            }
+        }
+        let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy);
         if let Some(audit) = audit {
             gate = gate.with_audit(audit);
         }
@@ -505,6 +518,7 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
         };
         airlock::daemon::serve(gate, flags.config, stop).await?;
         signals.abort();
+        supervisor.close().await;
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
@@ -599,6 +613,7 @@ fn main() -> ExitCode {
             max_queued,
             grace,
             sandbox_uid,
+            pool,
         } => units::parse_duration(&grace)
             .map_err(|e| anyhow::anyhow!("--grace: {e}"))
             .and_then(|grace| {
@@ -613,6 +628,7 @@ fn main() -> ExitCode {
                     audit,
                     config,
                     sandbox_uid,
+                    pool,
                 })
             }),
         Command::Doctor(args) => doctor::run_doctor(&args),

@@ -553,6 +553,7 @@ async fn dispatch(
                 "queued": s.queued.load(Ordering::Relaxed),
                 "overloaded": s.overloaded.load(Ordering::Relaxed),
                 "pending_approvals": shared.gate.pending_approvals(),
+                "pool": shared.gate.supervisor().pool_stats(),
                 "max_concurrent": shared.config.max_concurrent,
                 "max_queued": shared.config.max_queued,
             }});

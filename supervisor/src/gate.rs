@@ -334,6 +334,11 @@ impl Gate {
         self
     }
 
+    /// The supervisor behind the gate.
+    pub fn supervisor(&self) -> &Arc<Supervisor> {
+        &self.supervisor
+    }
+
     /// Events as they happen (slow receivers miss the oldest).
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
