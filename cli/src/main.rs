@@ -17,6 +17,7 @@ use airlock_policy::{
 };
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod doctor;
 mod explain;
 
@@ -142,6 +143,9 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         pool: usize,
     },
+    /// Measure start-up latency, throughput, kill latency and memory against a bare
+    /// fork+exec and bubblewrap, interleaved in one run.
+    Bench(bench::BenchArgs),
     /// Print an embedded preset policy (`default`, `examples`).
     Preset {
         /// Preset name; omit to list them.
@@ -632,6 +636,7 @@ fn main() -> ExitCode {
                 })
             }),
         Command::Doctor(args) => doctor::run_doctor(&args),
+        Command::Bench(args) => bench::run_bench(&args),
         Command::Explain(args) => Ok(explain::run_explain(&args)),
     };
     match result {

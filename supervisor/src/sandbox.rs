@@ -55,7 +55,7 @@ pub struct Supervisor {
     /// Triggered by `close`: every running call is cancelled, new ones refused.
     closing: CancelSignal,
     /// Calls between start and cleanup.
-    active: std::sync::atomic::AtomicUsize,
+    active: Arc<std::sync::atomic::AtomicUsize>,
     /// Pre-confined idle workers by profile.
     pool: Pool<ReadyWorker>,
 }
@@ -84,9 +84,16 @@ fn pool_key(profile: &CompiledProfile) -> String {
 }
 
 /// Counts a call as active until dropped (however the call ends).
-struct ActiveCall<'a>(&'a std::sync::atomic::AtomicUsize);
+struct ActiveCall(Arc<std::sync::atomic::AtomicUsize>);
 
-impl Drop for ActiveCall<'_> {
+impl ActiveCall {
+    fn enter(counter: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(counter))
+    }
+}
+
+impl Drop for ActiveCall {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -265,7 +272,7 @@ impl Supervisor {
             spawner,
             cgroups,
             closing: CancelSignal::new(),
-            active: std::sync::atomic::AtomicUsize::new(0),
+            active: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             pool: Pool::default(),
         })
     }
@@ -291,8 +298,7 @@ impl Supervisor {
     /// Runs `run` in a fresh sandbox and returns its result. `cancel` ends it early. A
     /// pre-confined idle worker of the same profile is used when the pool has one.
     pub async fn run(&self, run: SandboxRun, cancel: Option<&CancelSignal>) -> ToolResult {
-        self.active.fetch_add(1, Ordering::SeqCst);
-        let _active = ActiveCall(&self.active);
+        let _active = ActiveCall::enter(&self.active);
         if self.closing.is_cancelled() {
             return ToolResult::rejected(
                 &run.call_id,
@@ -361,11 +367,22 @@ impl Supervisor {
         );
 
         // Single-use worker: whatever happened, it and everything it started die now.
-        let stats = finish_worker(&mut lease).await;
-        tracing::debug!(
-            elapsed_us = started.elapsed().as_micros() as u64,
-            "worker reaped, cgroup removed"
-        );
+        let stats = if matches!(conversation, Conversation::Finished { .. }) {
+            // The tool has exited and reported, and the worker killed whatever the tool
+            // left: the counters are final. Answer now; kill, reap and remove the cgroup
+            // off the critical path (still counted as active, so `close` waits for it).
+            let stats = lease.cgroup.as_ref().and_then(|c| c.read_stats().ok());
+            let cleanup = ActiveCall::enter(&self.active);
+            tokio::spawn(async move {
+                let _ = finish_worker(&mut lease).await;
+                drop(cleanup);
+            });
+            stats
+        } else {
+            // Timeouts, cancellations and failures answer only once everything is reaped.
+            finish_worker(&mut lease).await
+        };
+        tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, "result ready");
         result.duration_ms = duration_ms(started.elapsed());
         finish_result(&mut result, conversation, stats.as_ref(), &profile, &run);
         result
@@ -385,23 +402,37 @@ impl Supervisor {
                 if supervisor.closing.is_cancelled() {
                     return;
                 }
-                while supervisor.pool.idle_count(&key) < idle && !supervisor.closing.is_cancelled()
-                {
+                while supervisor.pool.idle_count(&key) < idle && !supervisor.closing.is_cancelled() {
+                    // Confine the missing workers concurrently: clone is serialised in the
+                    // spawner, but each worker's set-up runs in parallel in its own process.
+                    let missing = idle - supervisor.pool.idle_count(&key);
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-                    match supervisor
-                        .prepare_worker(&profile, None, deadline, None)
-                        .await
-                    {
-                        Ok(worker) => supervisor.pool.put(&key, worker),
-                        Err(PrepareError::Failed(_, mut lease)) => {
-                            let _ = finish_worker(&mut lease).await;
-                            tracing::warn!(profile = %profile.name, "could not pre-confine a pooled worker");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
+                    let mut batch = tokio::task::JoinSet::new();
+                    for _ in 0..missing {
+                        let supervisor = Arc::clone(&supervisor);
+                        let profile = Arc::clone(&profile);
+                        batch.spawn(async move {
+                            let outcome = supervisor.prepare_worker(&profile, None, deadline, None).await;
+                            (supervisor, outcome)
+                        });
+                    }
+                    let mut failed = false;
+                    while let Some(joined) = batch.join_next().await {
+                        let Ok((supervisor, outcome)) = joined else { continue };
+                        match outcome {
+                            Ok(worker) => supervisor.pool.put(&key, worker),
+                            Err(PrepareError::Failed(_, mut lease)) => {
+                                let _ = finish_worker(&mut lease).await;
+                                failed = true;
+                            }
+                            Err(PrepareError::Rejected(e)) => {
+                                tracing::warn!(profile = %profile.name, error = %e.message, "could not pre-confine a pooled worker");
+                                failed = true;
+                            }
                         }
-                        Err(PrepareError::Rejected(e)) => {
-                            tracing::warn!(profile = %profile.name, error = %e.message, "could not pre-confine a pooled worker");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
+                    }
+                    if failed {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
                 drop(supervisor);

@@ -194,6 +194,8 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
         Forked::Parent(pid) => pid,
     };
     drop(error_write);
+    // Polled for the tool's exit, so no loop sleeps past it.
+    let tool_pidfd = sys::open_pidfd(pid).ok();
 
     // Did exec succeed? The error pipe closes on exec (EOF) or carries the errno.
     let mut errno_bytes = [0u8; 4];
@@ -263,7 +265,10 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
                     revents: 0,
                 });
             }
-            // Wake up regularly to reap orphans and notice the tool's exit.
+            // The tool's pidfd wakes us the moment it exits; the timeout reaps orphans.
+            if let (None, Some(pidfd)) = (&status, &tool_pidfd) {
+                fds.push(libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+            }
             let _ = sys::poll_descriptors(&mut fds, 20);
             if stdout_open {
                 stdout_open = read_into(&stdout_read, &mut stdout, limit);
@@ -287,7 +292,11 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
         while status.is_none() {
             reap(pid, &mut status, &mut exited_at);
             if status.is_none() {
-                std::thread::sleep(Duration::from_millis(5));
+                let mut fds: Vec<libc::pollfd> = tool_pidfd
+                    .iter()
+                    .map(|fd| libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+                    .collect();
+                let _ = sys::poll_descriptors(&mut fds, 20);
             }
         }
     }

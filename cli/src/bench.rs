@@ -1,0 +1,365 @@
+//! `airlock bench`: start-up latency, throughput, kill latency and memory, measured in one
+//! run on this machine with the contenders interleaved round by round, so ratios between
+//! them hold even on a noisy shared machine.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use airlock::{CallOptions, Gate, SandboxRun, Supervisor, SupervisorOptions, ToolCall};
+use airlock_policy::{CompiledPolicy, load_policy_str};
+use serde::Serialize;
+
+/// Options of `airlock bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Rounds of the latency measurements.
+    #[arg(long, default_value_t = 100)]
+    rounds: usize,
+    /// Seconds of each throughput measurement.
+    #[arg(long, default_value_t = 2.0)]
+    throughput_seconds: f64,
+    /// Idle pooled workers for the memory measurement.
+    #[arg(long, default_value_t = 8)]
+    pool_workers: usize,
+    /// Print one JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+const BENCH_POLICY: &str = r#"version = 1
+[profiles.default]
+read = ["/usr"]
+read_optional = ["/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache"]
+tmpfs = { "/tmp" = "16MiB" }
+limits = { memory = "256MiB", pids = 64, timeout = "30s" }
+
+[tools.true]
+description = "does nothing"
+command = ["/bin/true"]
+side_effect = "read"
+input = { type = "object" }
+
+[tools.read]
+description = "reads a file (built-in)"
+builtin = "read_file"
+
+[tools.sleep]
+description = "sleeps"
+command = ["/bin/sleep", "100"]
+side_effect = "read"
+timeout = "100ms"
+input = { type = "object" }
+"#;
+
+/// Latency statistics of one contender, milliseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    name: String,
+    median_ms: f64,
+    p99_ms: f64,
+    samples: usize,
+    vs_floor: f64,
+    vs_bwrap: Option<f64>,
+}
+
+/// Everything `bench` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    rounds: usize,
+    latency: Vec<Latency>,
+    throughput_calls_per_s: Vec<(String, f64)>,
+    bwrap_throughput_calls_per_s: Vec<(String, f64)>,
+    deadline_to_reaped_ms: Latency,
+    supervisor_rss_idle_kib: u64,
+    supervisor_rss_with_pool_kib: u64,
+    worker_rss_per_idle_pooled_kib: u64,
+    pool_workers: usize,
+    notes: Vec<String>,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let index = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn summarize(name: &str, mut samples: Vec<f64>) -> (String, f64, f64, usize) {
+    samples.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    (name.to_string(), percentile(&samples, 0.5), percentile(&samples, 0.99), samples.len())
+}
+
+fn time_command(command: &mut Command) -> Option<f64> {
+    let started = Instant::now();
+    let status = command.stdout(Stdio::null()).stderr(Stdio::null()).status().ok()?;
+    status.success().then(|| started.elapsed().as_secs_f64() * 1000.0)
+}
+
+fn bwrap_path() -> Option<PathBuf> {
+    ["/usr/bin/bwrap", "/bin/bwrap"].iter().map(PathBuf::from).find(|p| p.exists())
+}
+
+/// bwrap with a root comparable to the default profile's.
+fn bwrap_command(bwrap: &Path) -> Command {
+    let mut command = Command::new(bwrap);
+    command.args(["--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]);
+    for link in ["bin", "sbin", "lib", "lib64"] {
+        if let Ok(target) = std::fs::read_link(format!("/{link}")) {
+            command.arg("--symlink").arg(target).arg(format!("/{link}"));
+        }
+    }
+    command.args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true"]);
+    command
+}
+
+fn rss_kib(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Our child processes (workers), from /proc/self/task/*/children.
+fn children() -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+                out.extend(text.split_whitespace().map(str::to_string));
+            }
+        }
+    }
+    out
+}
+
+fn true_run(policy: &CompiledPolicy) -> SandboxRun {
+    SandboxRun {
+        call_id: "bench".into(),
+        tool: "true".into(),
+        profile: Arc::clone(&policy.profiles["default"]),
+        argv: vec!["/bin/true".into()],
+        stdin: Vec::new(),
+        arguments_json: "{}".into(),
+        timeout: Duration::from_secs(30),
+        inherit_stdio: None,
+        builtin: None,
+    }
+}
+
+async fn throughput(gate: &Arc<Gate>, clients: usize, seconds: f64) -> f64 {
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut handles = Vec::new();
+    for client in 0..clients {
+        let gate = Arc::clone(gate);
+        handles.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            while Instant::now() < until {
+                let call = ToolCall { call_id: format!("t{client}-{done}"), tool: "true".into(), arguments: "{}".into() };
+                if gate.call(&call, &CallOptions::default()).await.ok {
+                    done += 1;
+                }
+            }
+            done
+        }));
+    }
+    let mut total = 0;
+    for handle in handles {
+        total += handle.await.unwrap_or(0);
+    }
+    total as f64 / seconds
+}
+
+fn bwrap_throughput(bwrap: &Path, clients: usize, seconds: f64) -> f64 {
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let bwrap = bwrap.to_path_buf();
+            std::thread::spawn(move || {
+                let mut done = 0u64;
+                while Instant::now() < until {
+                    if time_command(&mut bwrap_command(&bwrap)).is_some() {
+                        done += 1;
+                    }
+                }
+                done
+            })
+        })
+        .collect();
+    let total: u64 = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
+    total as f64 / seconds
+}
+
+/// Runs the benchmark and prints the report.
+pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
+    let policy = load_policy_str(BENCH_POLICY, "bench.toml")?.policy;
+    let me = std::env::current_exe()?;
+    let bwrap = bwrap_path();
+    let mut notes = Vec::new();
+    if bwrap.is_none() {
+        notes.push("bwrap is not installed (Debian package bubblewrap): no bwrap figures".to_string());
+    } else if let Some(b) = &bwrap {
+        if time_command(&mut bwrap_command(b)).is_none() {
+            notes.push("bwrap is installed but failed to run /bin/true here".to_string());
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let report = runtime.block_on(async {
+        let cold = Supervisor::start(SupervisorOptions::default())?;
+        let pooled = Arc::new(Supervisor::start(SupervisorOptions::default())?);
+        let profile = Arc::clone(&policy.profiles["default"]);
+        pooled.keep_warm(Arc::clone(&profile), 2);
+        let gate = Arc::new(Gate::new(Arc::clone(&pooled), policy.clone()));
+        let wait_pool = |n: usize| {
+            let pooled = Arc::clone(&pooled);
+            async move {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while pooled.pool_stats().idle < n && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        };
+        wait_pool(2).await;
+
+        let names = ["floor: fork+exec /bin/true", "bwrap --unshare-all", "airlock exec (whole process)", "airlock cold call (in supervisor)", "airlock warm pooled call", "airlock built-in tool call (pooled)"];
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+        let builtin_call = ToolCall { call_id: "b".into(), tool: "read".into(), arguments: r#"{"path": "/proc/self/stat", "max_bytes": 16}"#.into() };
+        let true_call = ToolCall { call_id: "w".into(), tool: "true".into(), arguments: "{}".into() };
+        for round in 0..args.rounds {
+            // Interleave, rotating the order each round.
+            for step in 0..names.len() {
+                let which = (step + round) % names.len();
+                match which {
+                    0 => samples[0].extend(time_command(&mut Command::new("/bin/true"))),
+                    1 => {
+                        if let Some(b) = &bwrap {
+                            samples[1].extend(time_command(&mut bwrap_command(b)));
+                        }
+                    }
+                    2 => samples[2].extend(time_command(Command::new(&me).args(["exec", "--", "/bin/true"]))),
+                    3 => {
+                        let started = Instant::now();
+                        if cold.run(true_run(&policy), None).await.ok {
+                            samples[3].push(started.elapsed().as_secs_f64() * 1000.0);
+                        }
+                    }
+                    4 => {
+                        wait_pool(1).await;
+                        let started = Instant::now();
+                        if gate.call(&true_call, &CallOptions::default()).await.ok {
+                            samples[4].push(started.elapsed().as_secs_f64() * 1000.0);
+                        }
+                    }
+                    _ => {
+                        wait_pool(1).await;
+                        let started = Instant::now();
+                        if gate.call(&builtin_call, &CallOptions::default()).await.ok {
+                            samples[5].push(started.elapsed().as_secs_f64() * 1000.0);
+                        }
+                    }
+                }
+            }
+        }
+        let summaries: Vec<_> = names.iter().zip(samples).map(|(n, s)| summarize(n, s)).collect();
+        let floor = summaries[0].1;
+        let bwrap_median = (summaries[1].3 > 0).then_some(summaries[1].1);
+        let latency: Vec<Latency> = summaries
+            .iter()
+            .filter(|s| s.3 > 0)
+            .map(|(name, median, p99, n)| Latency {
+                name: name.clone(),
+                median_ms: *median,
+                p99_ms: *p99,
+                samples: *n,
+                vs_floor: median / floor,
+                vs_bwrap: bwrap_median.map(|b| median / b),
+            })
+            .collect();
+
+        // Deadline → everything reaped: how long past the deadline the result arrives.
+        let sleep_call = ToolCall { call_id: "d".into(), tool: "sleep".into(), arguments: "{}".into() };
+        let mut overshoot = Vec::new();
+        for _ in 0..20 {
+            wait_pool(1).await;
+            let started = Instant::now();
+            let result = gate.call(&sleep_call, &CallOptions::default()).await;
+            if result.error.as_ref().is_some_and(|e| e.kind == airlock::ErrorKind::Timeout) {
+                overshoot.push((started.elapsed().as_secs_f64() * 1000.0 - 100.0).max(0.0));
+            }
+        }
+        let (name, median, p99, n) = summarize("deadline → reaped (past a 100 ms deadline)", overshoot);
+        let deadline = Latency { name, median_ms: median, p99_ms: p99, samples: n, vs_floor: median / floor, vs_bwrap: None };
+
+        let mut airlock_tp = Vec::new();
+        let mut bwrap_tp = Vec::new();
+        for clients in [1usize, 2] {
+            wait_pool(2).await;
+            airlock_tp.push((format!("{clients} client(s), warm pooled /bin/true"), throughput(&gate, clients, args.throughput_seconds).await));
+            if let Some(b) = &bwrap {
+                bwrap_tp.push((format!("{clients} client(s)"), bwrap_throughput(b, clients, args.throughput_seconds)));
+            }
+        }
+
+        // Memory: the supervisor idle, then with N idle pooled workers.
+        drop(gate);
+        pooled.close().await;
+        cold.close().await;
+        let rss_idle = rss_kib("self");
+        let memory = Arc::new(Supervisor::start(SupervisorOptions::default())?);
+        memory.keep_warm(Arc::clone(&profile), args.pool_workers);
+        let deadline_fill = Instant::now() + Duration::from_secs(60);
+        while memory.pool_stats().idle < args.pool_workers && Instant::now() < deadline_fill {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let rss_pool = rss_kib("self");
+        let workers = children();
+        let worker_rss: u64 = workers.iter().map(|pid| rss_kib(pid)).sum();
+        let per_worker = worker_rss / (workers.len().max(1) as u64);
+        memory.close().await;
+        anyhow::Ok(Report {
+            rounds: args.rounds,
+            latency,
+            throughput_calls_per_s: airlock_tp,
+            bwrap_throughput_calls_per_s: bwrap_tp,
+            deadline_to_reaped_ms: deadline,
+            supervisor_rss_idle_kib: rss_idle,
+            supervisor_rss_with_pool_kib: rss_pool,
+            worker_rss_per_idle_pooled_kib: per_worker,
+            pool_workers: args.pool_workers,
+            notes,
+        })
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn print_table(report: &Report) {
+    println!("airlock bench ({} interleaved rounds)\n", report.rounds);
+    println!("{:<42} {:>10} {:>10} {:>9} {:>9}", "start-up latency", "median ms", "p99 ms", "× floor", "× bwrap");
+    for l in &report.latency {
+        let vs_bwrap = l.vs_bwrap.map_or("-".to_string(), |v| format!("{v:.2}"));
+        println!("{:<42} {:>10.3} {:>10.3} {:>9.2} {:>9}", l.name, l.median_ms, l.p99_ms, l.vs_floor, vs_bwrap);
+    }
+    let d = &report.deadline_to_reaped_ms;
+    println!("{:<42} {:>10.3} {:>10.3}", d.name, d.median_ms, d.p99_ms);
+    println!("\nthroughput (calls/s)");
+    for (name, value) in &report.throughput_calls_per_s {
+        println!("  airlock {name:<36} {value:>8.1}");
+    }
+    for (name, value) in &report.bwrap_throughput_calls_per_s {
+        println!("  bwrap   {name:<36} {value:>8.1}");
+    }
+    println!("\nmemory");
+    println!("  supervisor RSS idle                        {:>8} KiB", report.supervisor_rss_idle_kib);
+    println!("  supervisor RSS with {:>2} idle pooled workers {:>8} KiB", report.pool_workers, report.supervisor_rss_with_pool_kib);
+    println!("  RSS per idle pooled worker                 {:>8} KiB", report.worker_rss_per_idle_pooled_kib);
+    for note in &report.notes {
+        println!("note: {note}");
+    }
+}
