@@ -281,6 +281,7 @@ fn spawn_worker(
         socket: worker_end.as_raw_fd(),
         report: report_write.as_raw_fd(),
     };
+    let clone_started = std::time::Instant::now();
     let cloned = sys::clone_worker(
         &plan,
         request.cgroup_dir.as_ref().map(AsRawFd::as_raw_fd),
@@ -313,6 +314,7 @@ fn spawn_worker(
         reap_blocking(&cloned.pidfd);
         return Err(e);
     }
+    let cloned_us = clone_started.elapsed().as_micros() as u64;
     let mut release = File::from(maps_write);
     let _ = release.write_all(&[1]);
     drop(release);
@@ -341,6 +343,12 @@ fn spawn_worker(
             source: io::Error::from_raw_os_error(errno),
         });
     }
+    tracing::debug!(
+        clone_and_maps_us = cloned_us,
+        until_exec_us = clone_started.elapsed().as_micros() as u64,
+        pid = cloned.pid,
+        "worker spawned"
+    );
     Ok(Spawned {
         pid: cloned.pid,
         pidfd: cloned.pidfd,

@@ -15,6 +15,41 @@ use crate::landlock::{LandlockError, apply_landlock_to_current_process};
 use crate::mounts::build_root_filesystem;
 use crate::sys;
 
+/// How long each confinement step took, for `RUST_LOG=debug` in the supervisor.
+#[derive(Debug)]
+pub struct StepTimings {
+    last: std::time::Instant,
+    steps: Vec<(&'static str, u128)>,
+}
+
+impl Default for StepTimings {
+    fn default() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            steps: Vec::new(),
+        }
+    }
+}
+
+impl StepTimings {
+    /// Records the time since the previous mark under `step`.
+    pub fn mark(&mut self, step: &'static str) {
+        let now = std::time::Instant::now();
+        self.steps
+            .push((step, now.duration_since(self.last).as_micros()));
+        self.last = now;
+    }
+
+    /// `step=µs` pairs, in order.
+    pub fn summary(&self) -> String {
+        self.steps
+            .iter()
+            .map(|(s, us)| format!("{s}={us}us"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
 /// The namespaces the supervisor creates for every worker.
 pub const NAMESPACES: [&str; 7] = ["user", "mnt", "pid", "net", "ipc", "uts", "cgroup"];
 
@@ -63,6 +98,7 @@ fn io_errno(e: &std::io::Error) -> Option<i32> {
 pub fn confine_worker(
     spec: &SandboxSpec,
     keep_fd: RawFd,
+    timings: &mut StepTimings,
 ) -> Result<AppliedIsolation, ConfineError> {
     // 1. Sanity: PID 1 of our own pid namespace, or killing us would not kill the tool tree.
     if std::process::id() != 1 {
@@ -80,16 +116,19 @@ pub fn confine_worker(
         ConfineError::at("mount", e, errno)
     })?;
 
+    timings.mark("mount");
     // 3. Hostname: needs CAP_SYS_ADMIN in our UTS namespace, so before dropping caps.
     nix::unistd::sethostname(&spec.hostname)
         .map_err(|e| ConfineError::at("hostname", e, Some(e as i32)))?;
 
+    timings.mark("hostname");
     // 4. Network: bringing loopback up needs CAP_NET_ADMIN in our network namespace. With
     //    "none" the namespace keeps only a down loopback: no interface at all works.
     if spec.network == NetworkMode::Loopback {
         sys::bring_loopback_up().map_err(|e| ConfineError::at("network", &e, io_errno(&e)))?;
     }
 
+    timings.mark("network");
     // 5. Resource limits: lowering needs no privilege, but set them before the tool exists.
     //    Core dumps are off: a dump could land in a writable bind with the tool's memory.
     let limit = |resource, value: u64, name: &'static str| {
@@ -111,15 +150,18 @@ pub fn confine_worker(
         limit(Resource::RLIMIT_CPU, cpu, "RLIMIT_CPU")?;
     }
 
+    timings.mark("rlimits");
     // 6. Descriptors: nothing inherited may reach the tool (CVE-2024-21626 class). Keep
     //    stdio and the protocol socket, which is always the highest fd we hold.
     close_inherited_descriptors(keep_fd)?;
 
+    timings.mark("descriptors");
     // 7. Not dumpable: tools in the sandbox cannot ptrace or read /proc/1/mem of the worker
     //    that holds the protocol socket (runc CVE-2016-9962 pattern).
     nix::sys::prctl::set_dumpable(false)
         .map_err(|e| ConfineError::at("dumpable", e, Some(e as i32)))?;
 
+    timings.mark("dumpable");
     // 8. Capabilities: all sets emptied, bounding first (dropping it needs CAP_SETPCAP,
     //    which the later steps remove). An empty bounding set also means exec'ing as uid 0
     //    gains nothing.
@@ -134,11 +176,13 @@ pub fn confine_worker(
             .map_err(|e| ConfineError::at("capabilities", format!("clear {set:?}: {e}"), None))?;
     }
 
+    timings.mark("capabilities");
     // 9. no_new_privs: no setuid or file-capability gain on exec; required by Landlock and
     //    by seccomp for an unprivileged process.
     nix::sys::prctl::set_no_new_privs()
         .map_err(|e| ConfineError::at("no_new_privs", e, Some(e as i32)))?;
 
+    timings.mark("no_new_privs");
     // 10. Landlock: after the mounts (rules are opened on the final paths) and before
     //     seccomp (whose allowlist does not include the landlock_* set-up flow we need).
     let landlock = apply_landlock_to_current_process(&spec.landlock).map_err(|e| {
@@ -156,6 +200,7 @@ pub fn confine_worker(
         }
     })?;
 
+    timings.mark("landlock");
     // On the host network, abstract unix sockets of host daemons are reachable unless
     // Landlock scopes them (ABI 6, Linux 6.12); TCP is narrowed by the port rules.
     if spec.network == NetworkMode::Host
@@ -194,6 +239,7 @@ pub fn confine_worker(
         }
     };
 
+    timings.mark("seccomp");
     Ok(AppliedIsolation {
         namespaces: NAMESPACES
             .iter()

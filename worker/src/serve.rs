@@ -8,7 +8,7 @@ use airlock_protocol::{
     read_frame, write_frame,
 };
 
-use crate::confine::confine_worker;
+use crate::confine::{StepTimings, confine_worker};
 use crate::run::run_tool;
 
 /// Exit codes of the worker process itself (the tool's status travels in `Exited`).
@@ -59,8 +59,14 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
         Some(SupervisorMessage::Setup(spec)) => *spec,
         _ => return exit_code::PROTOCOL,
     };
-    match confine_worker(&spec, fd) {
+    let mut timings = StepTimings::default();
+    match confine_worker(&spec, fd, &mut timings) {
         Ok(applied) => {
+            let record = LogRecord {
+                level: LogLevel::Debug,
+                message: format!("confinement steps: {}", timings.summary()),
+            };
+            let _ = send(&mut stream, &WorkerMessage::Log(record));
             if !send(&mut stream, &WorkerMessage::Ready(applied)) {
                 return exit_code::PROTOCOL;
             }
