@@ -89,36 +89,70 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn summarize(name: &str, mut samples: Vec<f64>) -> (String, f64, f64, usize) {
     samples.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    (name.to_string(), percentile(&samples, 0.5), percentile(&samples, 0.99), samples.len())
+    (
+        name.to_string(),
+        percentile(&samples, 0.5),
+        percentile(&samples, 0.99),
+        samples.len(),
+    )
 }
 
 fn time_command(command: &mut Command) -> Option<f64> {
     let started = Instant::now();
-    let status = command.stdout(Stdio::null()).stderr(Stdio::null()).status().ok()?;
-    status.success().then(|| started.elapsed().as_secs_f64() * 1000.0)
+    let status = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .ok()?;
+    status
+        .success()
+        .then(|| started.elapsed().as_secs_f64() * 1000.0)
 }
 
 fn bwrap_path() -> Option<PathBuf> {
-    ["/usr/bin/bwrap", "/bin/bwrap"].iter().map(PathBuf::from).find(|p| p.exists())
+    ["/usr/bin/bwrap", "/bin/bwrap"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
 }
 
 /// bwrap with a root comparable to the default profile's.
 fn bwrap_command(bwrap: &Path) -> Command {
     let mut command = Command::new(bwrap);
-    command.args(["--unshare-all", "--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr"]);
+    command.args([
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]);
     for link in ["bin", "sbin", "lib", "lib64"] {
         if let Ok(target) = std::fs::read_link(format!("/{link}")) {
             command.arg("--symlink").arg(target).arg(format!("/{link}"));
         }
     }
-    command.args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true"]);
+    command.args([
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "/bin/true",
+    ]);
     command
 }
 
 fn rss_kib(pid: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
         .unwrap_or(0)
 }
 
@@ -157,7 +191,11 @@ async fn throughput(gate: &Arc<Gate>, clients: usize, seconds: f64) -> f64 {
         handles.push(tokio::spawn(async move {
             let mut done = 0u64;
             while Instant::now() < until {
-                let call = ToolCall { call_id: format!("t{client}-{done}"), tool: "true".into(), arguments: "{}".into() };
+                let call = ToolCall {
+                    call_id: format!("t{client}-{done}"),
+                    tool: "true".into(),
+                    arguments: "{}".into(),
+                };
                 if gate.call(&call, &CallOptions::default()).await.ok {
                     done += 1;
                 }
@@ -199,13 +237,18 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
     let bwrap = bwrap_path();
     let mut notes = Vec::new();
     if bwrap.is_none() {
-        notes.push("bwrap is not installed (Debian package bubblewrap): no bwrap figures".to_string());
-    } else if let Some(b) = &bwrap {
-        if time_command(&mut bwrap_command(b)).is_none() {
-            notes.push("bwrap is installed but failed to run /bin/true here".to_string());
-        }
+        notes.push(
+            "bwrap is not installed (Debian package bubblewrap): no bwrap figures".to_string(),
+        );
+    } else if let Some(b) = &bwrap
+        && time_command(&mut bwrap_command(b)).is_none()
+    {
+        notes.push("bwrap is installed but failed to run /bin/true here".to_string());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let report = runtime.block_on(async {
         let cold = Supervisor::start(SupervisorOptions::default())?;
         let pooled = Arc::new(Supervisor::start(SupervisorOptions::default())?);
@@ -223,10 +266,25 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         };
         wait_pool(2).await;
 
-        let names = ["floor: fork+exec /bin/true", "bwrap --unshare-all", "airlock exec (whole process)", "airlock cold call (in supervisor)", "airlock warm pooled call", "airlock built-in tool call (pooled)"];
+        let names = [
+            "floor: fork+exec /bin/true",
+            "bwrap --unshare-all",
+            "airlock exec (whole process)",
+            "airlock cold call (in supervisor)",
+            "airlock warm pooled call",
+            "airlock built-in tool call (pooled)",
+        ];
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
-        let builtin_call = ToolCall { call_id: "b".into(), tool: "read".into(), arguments: r#"{"path": "/proc/self/stat", "max_bytes": 16}"#.into() };
-        let true_call = ToolCall { call_id: "w".into(), tool: "true".into(), arguments: "{}".into() };
+        let builtin_call = ToolCall {
+            call_id: "b".into(),
+            tool: "read".into(),
+            arguments: r#"{"path": "/proc/self/stat", "max_bytes": 16}"#.into(),
+        };
+        let true_call = ToolCall {
+            call_id: "w".into(),
+            tool: "true".into(),
+            arguments: "{}".into(),
+        };
         for round in 0..args.rounds {
             // Interleave, rotating the order each round.
             for step in 0..names.len() {
@@ -238,7 +296,11 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                             samples[1].extend(time_command(&mut bwrap_command(b)));
                         }
                     }
-                    2 => samples[2].extend(time_command(Command::new(&me).args(["exec", "--", "/bin/true"]))),
+                    2 => samples[2].extend(time_command(Command::new(&me).args([
+                        "exec",
+                        "--",
+                        "/bin/true",
+                    ]))),
                     3 => {
                         let started = Instant::now();
                         if cold.run(true_run(&policy), None).await.ok {
@@ -262,7 +324,11 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 }
             }
         }
-        let summaries: Vec<_> = names.iter().zip(samples).map(|(n, s)| summarize(n, s)).collect();
+        let summaries: Vec<_> = names
+            .iter()
+            .zip(samples)
+            .map(|(n, s)| summarize(n, s))
+            .collect();
         let floor = summaries[0].1;
         let bwrap_median = (summaries[1].3 > 0).then_some(summaries[1].1);
         let latency: Vec<Latency> = summaries
@@ -279,26 +345,48 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             .collect();
 
         // Deadline → everything reaped: how long past the deadline the result arrives.
-        let sleep_call = ToolCall { call_id: "d".into(), tool: "sleep".into(), arguments: "{}".into() };
+        let sleep_call = ToolCall {
+            call_id: "d".into(),
+            tool: "sleep".into(),
+            arguments: "{}".into(),
+        };
         let mut overshoot = Vec::new();
         for _ in 0..20 {
             wait_pool(1).await;
             let started = Instant::now();
             let result = gate.call(&sleep_call, &CallOptions::default()).await;
-            if result.error.as_ref().is_some_and(|e| e.kind == airlock::ErrorKind::Timeout) {
+            if result
+                .error
+                .as_ref()
+                .is_some_and(|e| e.kind == airlock::ErrorKind::Timeout)
+            {
                 overshoot.push((started.elapsed().as_secs_f64() * 1000.0 - 100.0).max(0.0));
             }
         }
-        let (name, median, p99, n) = summarize("deadline → reaped (past a 100 ms deadline)", overshoot);
-        let deadline = Latency { name, median_ms: median, p99_ms: p99, samples: n, vs_floor: median / floor, vs_bwrap: None };
+        let (name, median, p99, n) =
+            summarize("deadline → reaped (past a 100 ms deadline)", overshoot);
+        let deadline = Latency {
+            name,
+            median_ms: median,
+            p99_ms: p99,
+            samples: n,
+            vs_floor: median / floor,
+            vs_bwrap: None,
+        };
 
         let mut airlock_tp = Vec::new();
         let mut bwrap_tp = Vec::new();
         for clients in [1usize, 2] {
             wait_pool(2).await;
-            airlock_tp.push((format!("{clients} client(s), warm pooled /bin/true"), throughput(&gate, clients, args.throughput_seconds).await));
+            airlock_tp.push((
+                format!("{clients} client(s), warm pooled /bin/true"),
+                throughput(&gate, clients, args.throughput_seconds).await,
+            ));
             if let Some(b) = &bwrap {
-                bwrap_tp.push((format!("{clients} client(s)"), bwrap_throughput(b, clients, args.throughput_seconds)));
+                bwrap_tp.push((
+                    format!("{clients} client(s)"),
+                    bwrap_throughput(b, clients, args.throughput_seconds),
+                ));
             }
         }
 
@@ -341,10 +429,16 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
 
 fn print_table(report: &Report) {
     println!("airlock bench ({} interleaved rounds)\n", report.rounds);
-    println!("{:<42} {:>10} {:>10} {:>9} {:>9}", "start-up latency", "median ms", "p99 ms", "× floor", "× bwrap");
+    println!(
+        "{:<42} {:>10} {:>10} {:>9} {:>9}",
+        "start-up latency", "median ms", "p99 ms", "× floor", "× bwrap"
+    );
     for l in &report.latency {
         let vs_bwrap = l.vs_bwrap.map_or("-".to_string(), |v| format!("{v:.2}"));
-        println!("{:<42} {:>10.3} {:>10.3} {:>9.2} {:>9}", l.name, l.median_ms, l.p99_ms, l.vs_floor, vs_bwrap);
+        println!(
+            "{:<42} {:>10.3} {:>10.3} {:>9.2} {:>9}",
+            l.name, l.median_ms, l.p99_ms, l.vs_floor, vs_bwrap
+        );
     }
     let d = &report.deadline_to_reaped_ms;
     println!("{:<42} {:>10.3} {:>10.3}", d.name, d.median_ms, d.p99_ms);
@@ -356,9 +450,18 @@ fn print_table(report: &Report) {
         println!("  bwrap   {name:<36} {value:>8.1}");
     }
     println!("\nmemory");
-    println!("  supervisor RSS idle                        {:>8} KiB", report.supervisor_rss_idle_kib);
-    println!("  supervisor RSS with {:>2} idle pooled workers {:>8} KiB", report.pool_workers, report.supervisor_rss_with_pool_kib);
-    println!("  RSS per idle pooled worker                 {:>8} KiB", report.worker_rss_per_idle_pooled_kib);
+    println!(
+        "  supervisor RSS idle                        {:>8} KiB",
+        report.supervisor_rss_idle_kib
+    );
+    println!(
+        "  supervisor RSS with {:>2} idle pooled workers {:>8} KiB",
+        report.pool_workers, report.supervisor_rss_with_pool_kib
+    );
+    println!(
+        "  RSS per idle pooled worker                 {:>8} KiB",
+        report.worker_rss_per_idle_pooled_kib
+    );
     for note in &report.notes {
         println!("note: {note}");
     }
