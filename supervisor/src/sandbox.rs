@@ -382,7 +382,10 @@ impl Supervisor {
             // Timeouts, cancellations and failures answer only once everything is reaped.
             finish_worker(&mut lease).await
         };
-        tracing::debug!(elapsed_us = started.elapsed().as_micros() as u64, "result ready");
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "result ready"
+        );
         result.duration_ms = duration_ms(started.elapsed());
         finish_result(&mut result, conversation, stats.as_ref(), &profile, &run);
         result
@@ -402,7 +405,8 @@ impl Supervisor {
                 if supervisor.closing.is_cancelled() {
                     return;
                 }
-                while supervisor.pool.idle_count(&key) < idle && !supervisor.closing.is_cancelled() {
+                while supervisor.pool.idle_count(&key) < idle && !supervisor.closing.is_cancelled()
+                {
                     // Confine the missing workers concurrently: clone is serialised in the
                     // spawner, but each worker's set-up runs in parallel in its own process.
                     let missing = idle - supervisor.pool.idle_count(&key);
@@ -412,13 +416,17 @@ impl Supervisor {
                         let supervisor = Arc::clone(&supervisor);
                         let profile = Arc::clone(&profile);
                         batch.spawn(async move {
-                            let outcome = supervisor.prepare_worker(&profile, None, deadline, None).await;
+                            let outcome = supervisor
+                                .prepare_worker(&profile, None, deadline, None)
+                                .await;
                             (supervisor, outcome)
                         });
                     }
                     let mut failed = false;
                     while let Some(joined) = batch.join_next().await {
-                        let Ok((supervisor, outcome)) = joined else { continue };
+                        let Ok((supervisor, outcome)) = joined else {
+                            continue;
+                        };
                         match outcome {
                             Ok(worker) => supervisor.pool.put(&key, worker),
                             Err(PrepareError::Failed(_, mut lease)) => {

@@ -267,7 +267,11 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
             }
             // The tool's pidfd wakes us the moment it exits; the timeout reaps orphans.
             if let (None, Some(pidfd)) = (&status, &tool_pidfd) {
-                fds.push(libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+                fds.push(libc::pollfd {
+                    fd: pidfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
             }
             let _ = sys::poll_descriptors(&mut fds, 20);
             if stdout_open {
@@ -294,7 +298,11 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
             if status.is_none() {
                 let mut fds: Vec<libc::pollfd> = tool_pidfd
                     .iter()
-                    .map(|fd| libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+                    .map(|fd| libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    })
                     .collect();
                 let _ = sys::poll_descriptors(&mut fds, 20);
             }
