@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use airlock_policy::rules::{Decision, GatePolicy, RateLimit, RuleMatch};
-use airlock_policy::seccomp::{DEFAULT_ALLOW, DENIED_EPERM, SocketFamilies};
+use airlock_policy::seccomp::{DEFAULT_ALLOW, DENIED_EPERM_GROUPS, SocketFamilies};
 use airlock_policy::units::{format_duration, format_size};
 use airlock_policy::validate::{
     Approval, ArgTemplate, Network, Profile, SideEffect, StdinSource, Tool, ToolState,
@@ -236,90 +236,6 @@ const SYSCALL_GROUPS: &[(&str, &str)] = &[
     ("System V and POSIX IPC", "shmget"),
     ("sockets", "socket"),
     ("legacy asynchronous I/O", "io_setup"),
-];
-
-/// Categories of [`DENIED_EPERM`].
-const DENIAL_CATEGORIES: &[(&str, &[&str])] = &[
-    (
-        "inspecting other processes",
-        &[
-            "ptrace",
-            "process_vm_readv",
-            "process_vm_writev",
-            "process_madvise",
-            "pidfd_getfd",
-            "kcmp",
-        ],
-    ),
-    (
-        "kernel attack surface",
-        &["bpf", "perf_event_open", "userfaultfd", "memfd_secret"],
-    ),
-    ("kernel keyrings", &["keyctl", "add_key", "request_key"]),
-    (
-        "mounts and root changes",
-        &[
-            "mount",
-            "umount2",
-            "pivot_root",
-            "chroot",
-            "fsopen",
-            "fsconfig",
-            "fsmount",
-            "fspick",
-            "open_tree",
-            "move_mount",
-            "mount_setattr",
-        ],
-    ),
-    ("namespaces", &["unshare", "setns"]),
-    (
-        "kernel code",
-        &[
-            "kexec_load",
-            "kexec_file_load",
-            "init_module",
-            "finit_module",
-            "delete_module",
-        ],
-    ),
-    ("file handles", &["open_by_handle_at", "name_to_handle_at"]),
-    (
-        "host administration",
-        &[
-            "reboot",
-            "swapon",
-            "swapoff",
-            "clock_settime",
-            "settimeofday",
-            "adjtimex",
-            "clock_adjtime",
-            "acct",
-            "quotactl",
-            "quotactl_fd",
-            "syslog",
-            "vhangup",
-            "iopl",
-            "ioperm",
-            "sethostname",
-            "setdomainname",
-            "lookup_dcookie",
-            "fanotify_init",
-            "process_mrelease",
-        ],
-    ),
-    (
-        "memory policy and x86 quirks",
-        &[
-            "modify_ldt",
-            "mbind",
-            "set_mempolicy",
-            "set_mempolicy_home_node",
-            "migrate_pages",
-            "move_pages",
-            "get_mempolicy",
-        ],
-    ),
 ];
 
 /// Syscalls no policy can allow, answered with ENOSYS (policies/src/seccomp.rs).
@@ -574,24 +490,12 @@ fn describe_syscalls(profile: &Profile) -> SyscallFacts {
         })
         .collect();
 
-    let always_eperm = DENIAL_CATEGORIES
+    let always_eperm = DENIED_EPERM_GROUPS
         .iter()
         .map(|(category, members)| DenialGroup {
             category,
-            syscalls: members
-                .iter()
-                .filter(|s| DENIED_EPERM.contains(s))
-                .map(|s| s.to_string())
-                .collect(),
+            syscalls: members.iter().map(|s| s.to_string()).collect(),
         })
-        .chain(std::iter::once(DenialGroup {
-            category: "other",
-            syscalls: DENIED_EPERM
-                .iter()
-                .filter(|s| !DENIAL_CATEGORIES.iter().any(|(_, m)| m.contains(s)))
-                .map(|s| s.to_string())
-                .collect(),
-        }))
         .filter(|g| !g.syscalls.is_empty())
         .collect();
 
@@ -1245,15 +1149,6 @@ mod tests {
         for (group, first) in SYSCALL_GROUPS {
             assert!(DEFAULT_ALLOW.contains(first), "{group}: {first}");
         }
-    }
-
-    #[test]
-    fn every_eperm_syscall_has_a_category() {
-        let uncategorised: Vec<&&str> = DENIED_EPERM
-            .iter()
-            .filter(|s| !DENIAL_CATEGORIES.iter().any(|(_, m)| m.contains(s)))
-            .collect();
-        assert!(uncategorised.is_empty(), "{uncategorised:?}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Outcomes, a documented choice (see README "Seccomp"):
 //! - a syscall from a non-native architecture (`int 0x80`) or with the x32 bit set: the
 //!   process is killed (`SIGSYS`, reported as `seccomp_violation`);
-//! - a known-dangerous syscall (the [`DENIED_EPERM`] table, namespace flags on `clone`,
+//! - a known-dangerous syscall (the [`DENIED_EPERM_GROUPS`] table, namespace flags on `clone`,
 //!   `TIOCSTI`/`TIOCLINUX`, socket families outside the profile, device `mknod`,
 //!   `personality` changes, and the profile's own `deny` list): `EPERM`;
 //! - anything else not on the allowlist, including `clone3` and `io_uring_*`: `ENOSYS`, so
@@ -338,75 +338,103 @@ pub const DEFAULT_ALLOW: &[&str] = &[
     "io_cancel",
 ];
 
-/// Syscalls that always get `EPERM`: each defeats a layer of the sandbox or widens the
-/// kernel's attack surface (escape battery SY-02..SY-18).
-pub const DENIED_EPERM: &[&str] = &[
-    "ptrace",
-    "process_vm_readv",
-    "process_vm_writev",
-    "process_madvise",
-    "pidfd_getfd",
-    "kcmp",
-    "bpf",
-    "perf_event_open",
-    "userfaultfd",
-    "keyctl",
-    "add_key",
-    "request_key",
-    "mount",
-    "umount2",
-    "pivot_root",
-    "chroot",
-    "fsopen",
-    "fsconfig",
-    "fsmount",
-    "fspick",
-    "open_tree",
-    "move_mount",
-    "mount_setattr",
-    "unshare",
-    "setns",
-    "kexec_load",
-    "kexec_file_load",
-    "init_module",
-    "finit_module",
-    "delete_module",
-    "open_by_handle_at",
-    "name_to_handle_at",
-    "reboot",
-    "swapon",
-    "swapoff",
-    "clock_settime",
-    "settimeofday",
-    "adjtimex",
-    "clock_adjtime",
-    "acct",
-    "quotactl",
-    "quotactl_fd",
-    "syslog",
-    "vhangup",
-    "iopl",
-    "ioperm",
-    "sethostname",
-    "setdomainname",
-    "lookup_dcookie",
-    "fanotify_init",
-    "modify_ldt",
-    "mbind",
-    "set_mempolicy",
-    "set_mempolicy_home_node",
-    "migrate_pages",
-    "move_pages",
-    "get_mempolicy",
-    "memfd_secret",
-    "process_mrelease",
+/// Syscalls that always get `EPERM`, by why: each defeats a layer of the sandbox or widens
+/// the kernel's attack surface (escape battery SY-02..SY-18).
+pub const DENIED_EPERM_GROUPS: &[(&str, &[&str])] = &[
+    (
+        "inspecting other processes",
+        &[
+            "ptrace",
+            "process_vm_readv",
+            "process_vm_writev",
+            "process_madvise",
+            "pidfd_getfd",
+            "kcmp",
+        ],
+    ),
+    (
+        "kernel attack surface",
+        &["bpf", "perf_event_open", "userfaultfd", "memfd_secret"],
+    ),
+    ("kernel keyrings", &["keyctl", "add_key", "request_key"]),
+    (
+        "mounts and root changes",
+        &[
+            "mount",
+            "umount2",
+            "pivot_root",
+            "chroot",
+            "fsopen",
+            "fsconfig",
+            "fsmount",
+            "fspick",
+            "open_tree",
+            "move_mount",
+            "mount_setattr",
+        ],
+    ),
+    ("namespaces", &["unshare", "setns"]),
+    (
+        "kernel code",
+        &[
+            "kexec_load",
+            "kexec_file_load",
+            "init_module",
+            "finit_module",
+            "delete_module",
+        ],
+    ),
+    ("file handles", &["open_by_handle_at", "name_to_handle_at"]),
+    (
+        "host administration",
+        &[
+            "reboot",
+            "swapon",
+            "swapoff",
+            "clock_settime",
+            "settimeofday",
+            "adjtimex",
+            "clock_adjtime",
+            "acct",
+            "quotactl",
+            "quotactl_fd",
+            "syslog",
+            "vhangup",
+            "iopl",
+            "ioperm",
+            "sethostname",
+            "setdomainname",
+            "lookup_dcookie",
+            "fanotify_init",
+            "process_mrelease",
+        ],
+    ),
+    (
+        "memory policy and x86 quirks",
+        &[
+            "modify_ldt",
+            "mbind",
+            "set_mempolicy",
+            "set_mempolicy_home_node",
+            "migrate_pages",
+            "move_pages",
+            "get_mempolicy",
+        ],
+    ),
 ];
 
+/// Every syscall of [`DENIED_EPERM_GROUPS`].
+pub fn denied_eperm() -> impl Iterator<Item = &'static str> {
+    DENIED_EPERM_GROUPS
+        .iter()
+        .flat_map(|(_, names)| names.iter().copied())
+}
+
 /// Syscalls a policy can never allow, because allowing them defeats the filter itself:
-/// everything in [`DENIED_EPERM`], plus `clone3` (its flags live in memory seccomp cannot
+/// everything in [`DENIED_EPERM_GROUPS`], plus `clone3` (its flags live in memory seccomp cannot
 /// read) and `io_uring_*` (its operations bypass seccomp entirely).
 pub fn is_never_allowed(name: &str) -> bool {
-    DENIED_EPERM.contains(&name)
+    denied_eperm().any(|n| n == name)
         || matches!(
             name,
             "clone3" | "io_uring_setup" | "io_uring_enter" | "io_uring_register"
@@ -576,12 +604,11 @@ pub fn compile_seccomp_program(
     let eperm = SeccompAction::Errno(libc::EPERM as u32);
 
     let mut deny = deny_rules(policy.families)?;
-    for name in DENIED_EPERM
-        .iter()
-        .copied()
-        .chain(policy.deny.iter().map(String::as_str))
-    {
-        // An empty rule list means "whatever the arguments".
+    // An empty rule list means "whatever the arguments".
+    for name in denied_eperm() {
+        deny.insert(number(name)?, Vec::new());
+    }
+    for name in &policy.deny {
         deny.insert(number(name)?, Vec::new());
     }
     let deny_program = build(deny, SeccompAction::Allow, eperm, "deny")?;
@@ -777,7 +804,7 @@ mod tests {
             assert!(!is_never_allowed(name), "{name}");
             assert!(syscall_number(name).is_some(), "{name}");
         }
-        for name in DENIED_EPERM {
+        for name in denied_eperm() {
             assert!(syscall_number(name).is_some(), "{name}");
         }
     }
@@ -810,7 +837,7 @@ mod tests {
     #[test]
     fn dangerous_syscalls_get_eperm() {
         let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
-        for name in DENIED_EPERM {
+        for name in denied_eperm() {
             assert_eq!(verdict(&p, name, [0; 6]), EPERM, "{name}");
         }
     }

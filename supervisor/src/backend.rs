@@ -89,7 +89,13 @@ impl UnsafeLocal {
             .check_text(&call.arguments, InputLimits::default())
         {
             Ok(input) => input,
-            Err(e) => return reject(ErrorKind::InvalidInput, e.to_string()),
+            Err(e) => {
+                return ToolResult::rejected(
+                    &call.call_id,
+                    &call.tool,
+                    crate::gate::invalid_input(e),
+                );
+            }
         };
         if tool.tool.builtin.is_some() {
             return reject(

@@ -263,7 +263,7 @@ fn rejected(call: &ToolCall, error: ToolError) -> ToolResult {
     ToolResult::rejected(&call.call_id, &call.tool, error)
 }
 
-fn invalid_input(error: InputError) -> ToolError {
+pub(crate) fn invalid_input(error: InputError) -> ToolError {
     let violations = match &error {
         InputError::Schema { violations } => Some(
             violations

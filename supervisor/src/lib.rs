@@ -52,7 +52,7 @@ pub mod spawn;
 mod sys;
 
 pub use backend::{Acknowledgement, Sandbox, UnsafeLocal};
-pub use call::{ToolCall, call_tool};
+pub use call::ToolCall;
 pub use cancel::CancelSignal;
 pub use gate::{Approval, CallOptions, Gate};
 pub use result::{ErrorKind, ToolError, ToolResult};
