@@ -6,7 +6,16 @@ use std::process::Command;
 #[test]
 fn bench_json_reports_latency_throughput_kill_and_memory_figures() {
     let out = Command::new(env!("CARGO_BIN_EXE_airlock"))
-        .args(["bench", "--json", "--rounds", "3", "--throughput-seconds", "0.2", "--pool-workers", "2"])
+        .args([
+            "bench",
+            "--json",
+            "--rounds",
+            "3",
+            "--throughput-seconds",
+            "0.2",
+            "--pool-workers",
+            "2",
+        ])
         .output()
         .unwrap();
     if !out.status.success() {
@@ -18,11 +27,28 @@ fn bench_json_reports_latency_throughput_kill_and_memory_figures() {
         return;
     }
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let names: Vec<&str> = report["latency"].as_array().unwrap().iter().map(|l| l["name"].as_str().unwrap()).collect();
-    for expected in ["floor", "airlock exec", "airlock cold call", "airlock warm pooled call", "airlock built-in"] {
-        assert!(names.iter().any(|n| n.starts_with(expected)), "{expected} missing from {names:?}");
+    let names: Vec<&str> = report["latency"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    for expected in [
+        "floor",
+        "airlock exec",
+        "airlock cold call",
+        "airlock warm pooled call",
+        "airlock built-in",
+    ] {
+        assert!(
+            names.iter().any(|n| n.starts_with(expected)),
+            "{expected} missing from {names:?}"
+        );
     }
-    assert_eq!(report["throughput_calls_per_s"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        report["throughput_calls_per_s"].as_array().unwrap().len(),
+        2
+    );
     assert!(report["deadline_to_reaped_ms"]["samples"].as_u64().unwrap() > 0);
     assert!(report["supervisor_rss_idle_kib"].as_u64().unwrap() > 0);
 }
