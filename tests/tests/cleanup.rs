@@ -83,6 +83,8 @@ async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
         "{calls} calls in {elapsed:?} ({:?} per call)",
         elapsed / calls
     );
+    // Finished calls answer before their worker is reaped; close waits for that cleanup.
+    supervisor.close().await;
     assert_eq!(our_cgroup_dirs(&supervisor), Vec::<String>::new());
     assert_eq!(our_children(), Vec::<String>::new());
     let mounts_after = std::fs::read_to_string("/proc/self/mountinfo")
