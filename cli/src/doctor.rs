@@ -929,7 +929,9 @@ fn run_true_in_default_profile(parent: Option<CgroupParent>) -> anyhow::Result<T
             inherit_stdio: None,
             builtin: None,
         };
-        anyhow::Ok(supervisor.run(run, None).await)
+        let result = supervisor.run(run, None).await;
+        supervisor.close().await;
+        anyhow::Ok(result)
     })
 }
 

@@ -364,7 +364,10 @@ fn run_exec(
             inherit_stdio,
             builtin: None,
         };
-        anyhow::Ok(supervisor.run(run, None).await)
+        let result = supervisor.run(run, None).await;
+        // The worker is reaped and its cgroup removed off the critical path: wait for it.
+        supervisor.close().await;
+        anyhow::Ok(result)
     })?;
     if json {
         write_stdout(&format!("{}\n", serde_json::to_string_pretty(&result)?))?;
@@ -421,7 +424,7 @@ fn run_tool(
             sandbox_host_id: flags.sandbox_uid,
             ..Default::default()
         })?);
-        let mut gate = Gate::new(supervisor, policy);
+        let mut gate = Gate::new(Arc::clone(&supervisor), policy);
         if let Some(audit) = audit {
             gate = gate.with_audit(audit);
         }
@@ -432,6 +435,7 @@ fn run_tool(
             });
         }
         let result = gate.call(&call, &options).await;
+        supervisor.close().await;
         anyhow::Ok((serde_json::to_string_pretty(&result)?, result.ok))
     })?;
     write_stdout(&format!("{}\n", outcome.0))?;

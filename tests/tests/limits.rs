@@ -173,3 +173,46 @@ fn supervisor_death_kills_its_workers() {
         }
     }
 }
+
+#[test]
+fn exec_and_run_leave_no_cgroup_behind() {
+    if !sandbox_available() {
+        return;
+    }
+    for args in [
+        vec!["exec", "--json", "--", "/bin/true"],
+        vec![
+            "run",
+            "--tool",
+            "word_count",
+            "--input",
+            "{\"text\": \"a b\"}",
+        ],
+    ] {
+        let child = std::process::Command::new(airlock_tests::airlock_bin())
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let status = child.wait_with_output().unwrap().status;
+        assert!(status.success(), "{args:?}");
+        let prefix = format!("airlock-{pid}-");
+        for root in [
+            "/sys/fs/cgroup/pids",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/memory",
+        ] {
+            let Ok(entries) = std::fs::read_dir(root) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                assert!(
+                    !entry.file_name().to_string_lossy().starts_with(&prefix),
+                    "{args:?} left {:?}",
+                    entry.path()
+                );
+            }
+        }
+    }
+}
