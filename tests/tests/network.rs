@@ -65,8 +65,8 @@ fn host_network_is_narrowed_to_the_allowed_tcp_ports() {
         ],
     );
     if result["error"]["kind"] == "sandbox_unavailable" {
-        // Kernels without Landlock ABI 6 cannot scope abstract sockets: the profile must
-        // fail closed there, never run unscoped.
+        // Kernels without Landlock ABI 4 (TCP rules) or 6 (abstract-socket scoping) cannot
+        // enforce this profile: it must fail closed there, never run unfiltered.
         assert!(
             result["error"]["message"]
                 .as_str()
