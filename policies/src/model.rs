@@ -191,6 +191,8 @@ pub struct LimitsFile {
     pub timeout: Option<Spanned<String>>,
     /// CPU time (duration; RLIMIT_CPU, whole seconds).
     pub cpu: Option<Spanned<String>>,
+    /// CPU bandwidth as a share of one core, like `"50%"` or `"200%"` (cgroup cpu quota).
+    pub cpu_quota: Option<Spanned<String>>,
     /// Bytes kept of each of stdout and stderr (size).
     pub output: Option<Spanned<String>>,
     /// RLIMIT_NOFILE.

@@ -111,6 +111,8 @@ pub struct Limits {
     pub timeout: Duration,
     /// CPU time limit.
     pub cpu: Option<Duration>,
+    /// CPU bandwidth in percent of one core (cgroup quota over a 100 ms period).
+    pub cpu_quota_percent: Option<u32>,
     /// Bytes kept of each output stream.
     pub output_bytes: u64,
     /// RLIMIT_NOFILE.
@@ -593,6 +595,16 @@ fn check_profile(
                 return None;
             }
             Some(d)
+        }),
+        cpu_quota_percent: l.cpu_quota.as_ref().and_then(|v| {
+            let parsed = v.get_ref().trim().strip_suffix('%').and_then(|n| n.trim().parse::<u32>().ok());
+            match parsed {
+                Some(p) if (1..=25_600).contains(&p) => Some(p),
+                _ => {
+                    c.error(v.span(), "limits.cpu_quota must be a percentage of one core between 1% and 25600%, like \"50%\"");
+                    None
+                }
+            }
         }),
         output_bytes: l
             .output

@@ -451,3 +451,22 @@ decision = "allow"
         assert_eq!(bad.len(), 3, "{bad:?}");
     }
 }
+
+#[test]
+fn cpu_quota_is_a_percentage_of_one_core() {
+    let ok = load_policy_str(
+        "version = 1\n[profiles.default]\nlimits = { cpu_quota = \"150%\" }\n",
+        "p.toml",
+    )
+    .unwrap();
+    assert_eq!(
+        ok.policy.profiles["default"].limits.cpu_quota_percent,
+        Some(150)
+    );
+    for bad in ["\"0%\"", "\"lots\"", "\"50\"", "\"30000%\""] {
+        let found = errors(&format!(
+            "version = 1\n[profiles.default]\nlimits = {{ cpu_quota = {bad} }}\n"
+        ));
+        assert!(found[0].contains("limits.cpu_quota"), "{bad}: {found:?}");
+    }
+}

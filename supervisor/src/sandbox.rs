@@ -632,7 +632,11 @@ impl Supervisor {
         let limits = CgroupLimits {
             memory_bytes: profile.limits.memory_bytes,
             pids: profile.limits.pids,
-            cpu_quota: None,
+            // A percentage of one core over a 100 ms period (cgroup cpu.max / CFS quota).
+            cpu_quota: profile
+                .limits
+                .cpu_quota_percent
+                .map(|p| (u64::from(p) * 1000, 100_000)),
         };
         match parent.create_worker_cgroup(&name, &limits) {
             Ok(cgroup) => Ok(Some(cgroup)),

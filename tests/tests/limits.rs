@@ -216,3 +216,33 @@ fn exec_and_run_leave_no_cgroup_behind() {
         }
     }
 }
+
+#[test]
+fn cpu_quota_throttles_a_spinning_tool() {
+    if !sandbox_available() {
+        return;
+    }
+    let scratch = Scratch::new("cpuquota");
+    let spin = [
+        "/bin/sh",
+        "-c",
+        "/usr/bin/timeout 1 /bin/sh -c 'while :; do :; done'; true",
+    ];
+    let cpu_ms = |limits: &str| {
+        let policy = scratch.write(
+            &format!("p{}.toml", limits.len()),
+            &test_policy(&[], limits, "none"),
+        );
+        let result = exec_json(Some(&policy), &[], &spin);
+        assert_eq!(result["ok"], true, "{result}");
+        result["usage"]["cpu_ms"].as_u64().unwrap()
+    };
+    let free = cpu_ms("timeout = \"10s\"");
+    let throttled = cpu_ms("cpu_quota = \"20%\", timeout = \"10s\"");
+    // 20% of one core for one second is ~200 ms of CPU; unthrottled the spin gets far more.
+    assert!(free > 300, "the unthrottled spin got only {free} ms");
+    assert!(
+        throttled * 2 < free,
+        "throttled {throttled} ms vs free {free} ms"
+    );
+}
