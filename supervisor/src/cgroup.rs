@@ -680,10 +680,7 @@ fn from_dirs_with(dirs: CgroupDirs, ops: DirOps) -> Result<CgroupParent, CgroupE
 /// the controllers. Idempotent: when we already sit in `airlock-supervisor`, its parent is
 /// taken as our own cgroup. Nothing above our own cgroup is written.
 fn prepare_v2_parent(own: &Path, pid: u32, ops: DirOps) -> Result<(PathBuf, bool), CgroupError> {
-    let base = match (own.file_name(), own.parent()) {
-        (Some(leaf), Some(parent)) if leaf == SUPERVISOR_LEAF => parent,
-        _ => own,
-    };
+    let base = v2_base(own);
     let available = read_controllers(&base.join("cgroup.controllers"))?;
     let enabled = read_controllers(&base.join("cgroup.subtree_control"))?;
     if !has_all(&enabled, &wanted_controllers(&available)) {
@@ -705,6 +702,16 @@ fn prepare_v2_parent(own: &Path, pid: u32, ops: DirOps) -> Result<(PathBuf, bool
         .collect();
     let cpu = ensure_controllers_enabled(&workers, &offered)? && cpu;
     Ok((workers, cpu))
+}
+
+/// The cgroup that worker cgroups go beneath: our own, or its parent when we already sit in
+/// our `airlock-supervisor` leaf (moved there by an earlier start, or placed there by
+/// whoever delegated the cgroup to us).
+fn v2_base(own: &Path) -> &Path {
+    match (own.file_name(), own.parent()) {
+        (Some(leaf), Some(parent)) if leaf == SUPERVISOR_LEAF => parent,
+        _ => own,
+    }
 }
 
 /// The controllers worker cgroups need, plus cpu when it is offered.
@@ -947,7 +954,10 @@ fn find_v2_own_dir(
         .find(|e| e.hierarchy_id == "0" && e.controllers.is_empty())
         .ok_or("/proc/self/cgroup has no unified (0::) line")?;
     let dir = locate_cgroup_dir(mounts, "cgroup2", None, entry.path, fs_root)?;
-    let path = dir.join("cgroup.controllers");
+    // Check where `prepare_v2_parent` will enable the controllers: in our leaf,
+    // cgroup.controllers lists only what the base already enabled, which is nothing until a
+    // first start has prepared it (found booting Debian 12's 6.1 kernel, ci/vm-test).
+    let path = v2_base(&dir).join("cgroup.controllers");
     let available = fs::read_to_string(&path)
         .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
     let available: Vec<String> = available.split_whitespace().map(String::from).collect();
@@ -1486,6 +1496,38 @@ mod tests {
             "+memory +pids"
         );
         assert!(!parent.supports_cpu_quota());
+    }
+
+    #[test]
+    fn detect_v2_in_a_leaf_whose_parent_has_not_enabled_controllers_yet() {
+        // A launcher put us straight into <own>/airlock-supervisor of a fresh delegated
+        // cgroup: as on a real kernel, the leaf offers nothing until <own> enables them.
+        let tree = v2_tree();
+        let own = format!("sys/fs/cgroup{V2_OWN}");
+        tree.write(&format!("{own}/cgroup.procs"), "");
+        tree.cgroup(&format!("{own}/airlock-supervisor"), Controller::Unified);
+        tree.write(&format!("{own}/airlock-supervisor/cgroup.controllers"), "");
+        tree.write(&format!("{own}/airlock-supervisor/cgroup.procs"), "4242\n");
+        let parent = detect_fake(
+            &tree,
+            &format!("0::{V2_OWN}/airlock-supervisor\n"),
+            V2_MOUNTINFO,
+            populate_like_kernel,
+        )
+        .unwrap();
+        assert_eq!(
+            parent.dirs(),
+            vec![tree.path(&format!("{own}/airlock-workers"))]
+        );
+        assert_eq!(
+            tree.read(&format!("{own}/cgroup.subtree_control")),
+            "+memory +pids +cpu"
+        );
+        assert!(
+            !tree
+                .path(&format!("{own}/airlock-supervisor/airlock-supervisor"))
+                .exists()
+        );
     }
 
     #[test]
