@@ -40,7 +40,7 @@ pub enum DaemonError {
         source: std::io::Error,
     },
     /// Setting the socket's mode failed.
-    #[error("cannot set mode 0600 on {path}")]
+    #[error("cannot put a mode-0600 socket at {path}")]
     Mode {
         /// Socket path.
         path: String,
@@ -199,19 +199,30 @@ pub async fn serve(
 ) -> Result<(), DaemonError> {
     let path = config.socket.clone();
     let display = path.display().to_string();
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path).map_err(|source| DaemonError::Bind {
+    // Bind under a temporary name, set 0600, then rename into place: the socket never
+    // exists at its public path with a wider mode, not even for an instant.
+    let staging = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .map_or("airlock.sock".into(), |n| n.to_string_lossy().into_owned()),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&staging);
+    let listener = UnixListener::bind(&staging).map_err(|source| DaemonError::Bind {
         path: display.clone(),
         source,
     })?;
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(
-            |source| DaemonError::Mode {
+        let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| std::fs::rename(&staging, &path));
+        if let Err(source) = placed {
+            let _ = std::fs::remove_file(&staging);
+            return Err(DaemonError::Mode {
                 path: display.clone(),
                 source,
-            },
-        )?;
+            });
+        }
     }
     let shared = Arc::new(Shared {
         slots: Semaphore::new(config.max_concurrent.max(1)),
