@@ -20,6 +20,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod doctor;
 mod explain;
+mod selftest;
 
 /// airlock: a sandbox driver and supervisor for AI agents' tool calls.
 #[derive(Debug, Parser)]
@@ -156,6 +157,9 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Explain the effective sandbox of a tool or profile in plain words.
     Explain(explain::ExplainArgs),
+    /// Run the escape battery on this host with this build; exit 0 only if every attack is
+    /// stopped the expected way.
+    Selftest(selftest::SelftestArgs),
 }
 
 /// The outcome of checking one file, as `check --json` prints it.
@@ -540,6 +544,11 @@ fn main() -> ExitCode {
         let code = airlock_worker::worker_main(&args[2..]);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    // `airlock selftest` runs this binary inside its sandboxes as the hostile program.
+    if args.get(1).map(String::as_str) == Some(selftest::PROBE_ARG) {
+        let code = airlock_battery::probe::main(&args[2..]);
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     // Logs go to stderr, filtered by RUST_LOG (default: warnings only).
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -642,6 +651,7 @@ fn main() -> ExitCode {
         Command::Doctor(args) => doctor::run_doctor(&args),
         Command::Bench(args) => bench::run_bench(&args),
         Command::Explain(args) => Ok(explain::run_explain(&args)),
+        Command::Selftest(args) => selftest::run_selftest(&args),
     };
     match result {
         Ok(code) => code,

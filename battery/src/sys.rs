@@ -1,0 +1,106 @@
+//! The only `unsafe` of the battery: raw system calls a hostile tool would make. Every call
+//! here either passes scalars/NULL, or pointers to memory owned by the caller for the whole
+//! call; the kernel (or the seccomp filter in front of it) validates everything else.
+
+use std::ffi::CStr;
+
+/// The calling thread's errno after a failed libc call.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// A raw syscall with six arguments: the return value, or the errno.
+pub fn syscall(nr: libc::c_long, args: [libc::c_long; 6]) -> Result<libc::c_long, i32> {
+    // SAFETY: callers pass scalars, NULL, or pointers into memory they own for the duration
+    // of the call (see the module comment); a bad pointer makes the kernel return EFAULT.
+    let ret = unsafe { libc::syscall(nr, args[0], args[1], args[2], args[3], args[4], args[5]) };
+    if ret < 0 { Err(errno()) } else { Ok(ret) }
+}
+
+/// `clone`/`clone3` succeeded in the child: leave at once, without running destructors or
+/// flushing the parent's buffers twice.
+pub fn exit_child() -> ! {
+    // SAFETY: _exit has no preconditions and never returns.
+    unsafe { libc::_exit(0) }
+}
+
+/// `clone3` with the given flags; the child exits at once.
+pub fn clone3(flags: u64) -> Result<libc::c_long, i32> {
+    // SAFETY: clone_args is plain old data; all-zero is a valid value.
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = flags;
+    args.exit_signal = libc::SIGCHLD as u64;
+    let ptr = &mut args as *mut libc::clone_args as libc::c_long;
+    let size = std::mem::size_of::<libc::clone_args>() as libc::c_long;
+    match syscall(libc::SYS_clone3, [ptr, size, 0, 0, 0, 0]) {
+        Ok(0) => exit_child(),
+        other => other,
+    }
+}
+
+/// `getpid` through the 32-bit `int 0x80` entry (the filter must kill us here).
+pub fn int80_getpid() -> libc::c_long {
+    let mut ret: i64 = 20; // __NR_getpid on i386
+    // SAFETY: the i386 getpid takes no arguments and touches no memory.
+    unsafe { std::arch::asm!("int 0x80", inout("rax") ret, options(nostack)) };
+    ret
+}
+
+/// `fork()`: Ok(0) in the child, Ok(pid) in the parent.
+pub fn fork() -> Result<libc::pid_t, i32> {
+    // SAFETY: the probe is single-threaded when it forks, and children only call
+    // async-signal-safe functions (pause, _exit).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 { Err(errno()) } else { Ok(pid) }
+}
+
+/// Blocks until a signal arrives (a forked child of the fork bomb waits here).
+pub fn pause() -> ! {
+    loop {
+        // SAFETY: pause has no preconditions.
+        unsafe { libc::pause() };
+    }
+}
+
+/// getrlimit: (soft, hard).
+pub fn getrlimit(resource: libc::__rlimit_resource_t) -> Result<(u64, u64), i32> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid, writable rlimit for the whole call.
+    if unsafe { libc::getrlimit(resource, &mut limit) } < 0 {
+        return Err(errno());
+    }
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
+/// setrlimit to (soft, hard).
+pub fn setrlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> Result<(), i32> {
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: `limit` is a valid rlimit read by the kernel during the call.
+    if unsafe { libc::setrlimit(resource, &limit) } < 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// The mount flags of the filesystem holding `path` (`ST_*` bits).
+pub fn statvfs_flags(path: &CStr) -> Result<u64, i32> {
+    // SAFETY: statvfs is plain old data; all-zero is valid.
+    let mut buf: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `buf` is writable for the whole call.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut buf) } < 0 {
+        return Err(errno());
+    }
+    Ok(buf.f_flag)
+}
+
+/// Ignores SIGXFSZ so that exceeding RLIMIT_FSIZE shows as EFBIG rather than a kill.
+pub fn ignore_sigxfsz() {
+    // SAFETY: SIG_IGN is a valid disposition for SIGXFSZ and no handler code runs.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+}
