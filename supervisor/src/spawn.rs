@@ -177,10 +177,30 @@ pub struct Spawned {
 
 type Reply = tokio::sync::oneshot::Sender<Result<Spawned, SpawnError>>;
 
-/// Handle to the spawner thread.
+/// Handle to the spawner thread. Clones share one thread; when the last clone is dropped
+/// the thread is told to stop and joined, so the sealed worker image it holds is closed by
+/// the time the supervisor is gone (the soak test counts our descriptors).
 #[derive(Debug, Clone)]
 pub struct Spawner {
-    requests: mpsc::Sender<(SpawnRequest, Reply)>,
+    inner: std::sync::Arc<SpawnerThread>,
+}
+
+#[derive(Debug)]
+struct SpawnerThread {
+    requests: Option<mpsc::Sender<(SpawnRequest, Reply)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for SpawnerThread {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread's loop after the spawn in progress, if any.
+        self.requests = None;
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::warn!("the spawner thread panicked");
+        }
+    }
 }
 
 /// The fd number the worker's socket gets in the child: above stdio, predictable.
@@ -194,7 +214,7 @@ impl Spawner {
         extra_args: Vec<String>,
     ) -> Result<Self, SpawnError> {
         let (requests, receiver) = mpsc::channel::<(SpawnRequest, Reply)>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("airlock-spawner".into())
             .spawn(move || {
                 while let Ok((request, reply)) = receiver.recv() {
@@ -211,13 +231,21 @@ impl Spawner {
                 operation: "start the spawner thread",
                 source,
             })?;
-        Ok(Self { requests })
+        Ok(Self {
+            inner: std::sync::Arc::new(SpawnerThread {
+                requests: Some(requests),
+                thread: Some(thread),
+            }),
+        })
     }
 
     /// Starts one worker.
     pub async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.requests
+        self.inner
+            .requests
+            .as_ref()
+            .ok_or(SpawnError::SpawnerGone)?
             .send((request, reply))
             .map_err(|_| SpawnError::SpawnerGone)?;
         answer.await.map_err(|_| SpawnError::SpawnerGone)?

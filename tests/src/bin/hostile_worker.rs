@@ -42,6 +42,22 @@ fn main() {
     let mut stream = unsafe { UnixStream::from_raw_fd(fd) };
     let mode = args.get(3).map(String::as_str).unwrap_or("silent");
     match mode {
+        // Dies of a signal after the handshake, as a worker with a memory bug would.
+        "crash" => {
+            handshake(&mut stream);
+            std::process::abort();
+        }
+        // Leaves cleanly right after saying hello, before the call is done.
+        "early-exit" => {
+            write_frame(
+                &mut stream,
+                &WorkerMessage::Hello {
+                    version: PROTOCOL_VERSION,
+                },
+            )
+            .unwrap();
+            std::process::exit(0);
+        }
         "huge-prefix" => stream
             .write_all(&[0xff, 0xff, 0xff, 0xff, 1, 2, 3])
             .unwrap(),
