@@ -36,6 +36,16 @@ pub fn airlock_bin() -> PathBuf {
     path
 }
 
+/// A fixture program of this package (`airlock-probe`, `airlock-hostile-worker`, ...):
+/// cargo builds them next to the `airlock` binary, and `ci/rootless-test` and `ci/vm-test`
+/// keep that layout when they copy the suite elsewhere, so it is found beside the test
+/// binary rather than at the path compiled in by `env!("CARGO_BIN_EXE_…")`.
+pub fn fixture_bin(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(path.exists(), "{} is missing", path.display());
+    path
+}
+
 /// Skips (or fails under `AIRLOCK_MUST_WORK=1`) when the sandbox cannot start here.
 /// Returns true when the test may proceed.
 pub fn sandbox_available() -> bool {

@@ -19,8 +19,18 @@ fn sandbox_root_is_not_host_root() {
         .lines()
         .map(|l| l.split_whitespace().collect())
         .collect();
-    assert_eq!(lines[0], vec!["0", "65534", "1"], "{out}");
-    assert_eq!(lines[1], vec!["0", "65534", "1"], "{out}");
+    // A root supervisor maps the sandbox's root to nobody; an unprivileged one can only map
+    // its own ids (and never host root).
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (uid, gid) = if uid == 0 {
+        ("65534".to_string(), "65534".to_string())
+    } else {
+        (uid.to_string(), gid.to_string())
+    };
+    assert_eq!(lines[0], vec!["0", uid.as_str(), "1"], "{out}");
+    assert_eq!(lines[1], vec!["0", gid.as_str(), "1"], "{out}");
+    assert_ne!(lines[0][1], "0", "{out}");
     assert_eq!(lines[2], vec!["0"], "{out}");
 }
 

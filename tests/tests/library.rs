@@ -36,7 +36,7 @@ fn a_gateway_binary_with_the_entry_hook_runs_its_own_workers() {
     if !sandbox_available() {
         return;
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_airlock-gateway-example"))
+    let out = std::process::Command::new(airlock_tests::fixture_bin("airlock-gateway-example"))
         .output()
         .unwrap();
     assert!(

@@ -93,7 +93,7 @@ fn fd_bomb_hits_the_open_files_limit() {
     if !sandbox_available() {
         return;
     }
-    let probe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_airlock-probe"));
+    let probe = airlock_tests::fixture_bin("airlock-probe");
     let scratch = Scratch::new("fdbomb");
     let policy = scratch.write("p.toml", &test_policy(&[&probe], "open_files = 32", "none"));
     let result = exec_json(Some(&policy), &[], &[probe.to_str().unwrap(), "fd-bomb"]);

@@ -3,7 +3,6 @@
 //! never hang, never grow without bound — and leave nothing behind.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,7 @@ use airlock_policy::load_policy_str;
 use airlock_tests::sandbox_available;
 
 fn supervisor_with_worker(mode: &str) -> Supervisor {
-    let program = PathBuf::from(env!("CARGO_BIN_EXE_airlock-hostile-worker"));
+    let program = airlock_tests::fixture_bin("airlock-hostile-worker");
     Supervisor::start(SupervisorOptions {
         worker_program: Some((program, vec![mode.to_string()])),
         ..Default::default()

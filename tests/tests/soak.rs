@@ -118,7 +118,7 @@ impl Rig {
 }
 
 fn hostile(mode: &str) -> Supervisor {
-    let program = PathBuf::from(env!("CARGO_BIN_EXE_airlock-hostile-worker"));
+    let program = airlock_tests::fixture_bin("airlock-hostile-worker");
     Supervisor::start(SupervisorOptions {
         worker_program: Some((program, vec![mode.to_string()])),
         ..Default::default()
@@ -186,7 +186,7 @@ async fn every_call_of_a_faulty_soak_gets_one_result_and_nothing_is_left_behind(
     let fds_before = open_fds();
     let mounts_before = mount_count();
 
-    let probe = PathBuf::from(env!("CARGO_BIN_EXE_airlock-probe"));
+    let probe = airlock_tests::fixture_bin("airlock-probe");
     let text = test_policy(&[&probe], "memory = \"32MiB\", pids = 16", "none");
     let policy = load_policy_str(&text, "soak").unwrap();
     let rig = Arc::new(Rig {
