@@ -71,7 +71,8 @@ fn host_network_is_narrowed_to_the_allowed_tcp_ports() {
             result["error"]["message"]
                 .as_str()
                 .unwrap()
-                .contains("Landlock"),
+                .to_lowercase()
+                .contains("landlock"),
             "{result}"
         );
         return;
