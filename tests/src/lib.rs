@@ -188,3 +188,36 @@ pub fn host_processes_with(marker: &str) -> Vec<u32> {
     }
     found
 }
+
+/// A supervisor whose workers are `airlock-hostile-worker` breaking the protocol in `mode`.
+pub fn supervisor_with_hostile_worker(mode: &str) -> airlock::Supervisor {
+    airlock::Supervisor::start(airlock::SupervisorOptions {
+        worker_program: Some((
+            fixture_bin("airlock-hostile-worker"),
+            vec![mode.to_string()],
+        )),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Worker cgroup directories of this test process (`airlock-<pid>-<n>`) under `parents`.
+pub fn our_cgroup_dirs<P: AsRef<Path>>(parents: &[P]) -> Vec<String> {
+    let prefix = format!("airlock-{}-", std::process::id());
+    parents
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|name| name.starts_with(&prefix))
+        .collect()
+}
+
+/// The pids of this process's children, from every thread's `children` list.
+pub fn our_children() -> Vec<String> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        children.extend(text.split_whitespace().map(str::to_string));
+    }
+    children
+}

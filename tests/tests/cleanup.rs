@@ -7,30 +7,7 @@ use std::time::{Duration, Instant};
 
 use airlock::{SandboxRun, Supervisor, SupervisorOptions};
 use airlock_policy::load_policy_str;
-use airlock_tests::{airlock_bin, sandbox_available};
-
-fn our_cgroup_dirs(supervisor: &Supervisor) -> Vec<String> {
-    let prefix = format!("airlock-{}-", std::process::id());
-    let Ok(parent) = supervisor.cgroups() else {
-        return Vec::new();
-    };
-    parent
-        .dirs()
-        .iter()
-        .flat_map(|dir| std::fs::read_dir(dir).unwrap().flatten())
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|name| name.starts_with(&prefix))
-        .collect()
-}
-
-fn our_children() -> Vec<String> {
-    let mut children = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        children.extend(text.split_whitespace().map(str::to_string));
-    }
-    children
-}
+use airlock_tests::{airlock_bin, our_cgroup_dirs, our_children, sandbox_available};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
@@ -85,7 +62,8 @@ async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
     );
     // Finished calls answer before their worker is reaped; close waits for that cleanup.
     supervisor.close().await;
-    assert_eq!(our_cgroup_dirs(&supervisor), Vec::<String>::new());
+    let parents = supervisor.cgroups().map(|p| p.dirs()).unwrap_or_default();
+    assert_eq!(our_cgroup_dirs(&parents), Vec::<String>::new());
     assert_eq!(our_children(), Vec::<String>::new());
     let mounts_after = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()

@@ -16,7 +16,10 @@ struct ExecRunner {
 
 impl Runner for ExecRunner {
     fn run(&mut self, profile: &str, argv: Vec<String>) -> Result<serde_json::Value, String> {
+        // A secret in the supervisor's environment: the "supervisor environment" case
+        // fails if it (or any other variable outside the profile's env) reaches the tool.
         let out = Command::new(airlock_bin())
+            .env("AIRLOCK_BATTERY_SECRET", "hunter2")
             .args(["exec", "--json", "--profile", profile, "--policy"])
             .arg(&self.policy)
             .arg("--")

@@ -6,18 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock::{SandboxRun, Supervisor, SupervisorOptions};
+use airlock::SandboxRun;
 use airlock_policy::load_policy_str;
 use airlock_tests::sandbox_available;
-
-fn supervisor_with_worker(mode: &str) -> Supervisor {
-    let program = airlock_tests::fixture_bin("airlock-hostile-worker");
-    Supervisor::start(SupervisorOptions {
-        worker_program: Some((program, vec![mode.to_string()])),
-        ..Default::default()
-    })
-    .unwrap()
-}
 
 fn run_for(timeout: Duration) -> SandboxRun {
     let policy = load_policy_str(
@@ -57,7 +48,7 @@ async fn hostile_frames_give_protocol_violation_and_a_killed_worker() {
     ];
     let mut failures = Vec::new();
     for mode in modes {
-        let supervisor = supervisor_with_worker(mode);
+        let supervisor = airlock_tests::supervisor_with_hostile_worker(mode);
         let started = Instant::now();
         let result = supervisor.run(run_for(Duration::from_secs(20)), None).await;
         let kind = result.error.as_ref().map(|e| e.kind);
@@ -85,7 +76,7 @@ async fn silent_worker_is_killed_at_the_deadline() {
     if !sandbox_available() {
         return;
     }
-    let supervisor = supervisor_with_worker("silent");
+    let supervisor = airlock_tests::supervisor_with_hostile_worker("silent");
     let started = Instant::now();
     let result = supervisor
         .run(run_for(Duration::from_millis(500)), None)

@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 
 use airlock::{CancelSignal, ErrorKind, SandboxRun, Supervisor, SupervisorOptions};
 use airlock_policy::{CompiledProfile, load_policy_str};
-use airlock_tests::{airlock_bin, sandbox_available, test_policy};
+use airlock_tests::{
+    airlock_bin, our_cgroup_dirs, our_children, sandbox_available, supervisor_with_hostile_worker,
+    test_policy,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -117,15 +120,6 @@ impl Rig {
     }
 }
 
-fn hostile(mode: &str) -> Supervisor {
-    let program = airlock_tests::fixture_bin("airlock-hostile-worker");
-    Supervisor::start(SupervisorOptions {
-        worker_program: Some((program, vec![mode.to_string()])),
-        ..Default::default()
-    })
-    .unwrap()
-}
-
 fn open_fds() -> Vec<String> {
     let mut fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
         .unwrap()
@@ -148,26 +142,6 @@ fn mount_count() -> usize {
         .unwrap()
         .lines()
         .count()
-}
-
-fn our_cgroup_dirs(parents: &[Vec<PathBuf>]) -> Vec<String> {
-    let prefix = format!("airlock-{}-", std::process::id());
-    parents
-        .iter()
-        .flatten()
-        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .filter(|name| name.starts_with(&prefix))
-        .collect()
-}
-
-fn our_children() -> Vec<String> {
-    let mut children = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        children.extend(text.split_whitespace().map(str::to_string));
-    }
-    children
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,16 +169,16 @@ async fn every_call_of_a_faulty_soak_gets_one_result_and_nothing_is_left_behind(
             ..Default::default()
         })
         .unwrap(),
-        crash: hostile("crash"),
-        garbage: hostile("garbage"),
-        early_exit: hostile("early-exit"),
+        crash: supervisor_with_hostile_worker("crash"),
+        garbage: supervisor_with_hostile_worker("garbage"),
+        early_exit: supervisor_with_hostile_worker("early-exit"),
         profile: Arc::clone(&policy.policy.profiles["default"]),
         probe: probe.display().to_string(),
     });
-    let parents: Vec<Vec<PathBuf>> = [&rig.real, &rig.crash, &rig.garbage, &rig.early_exit]
+    let parents: Vec<PathBuf> = [&rig.real, &rig.crash, &rig.garbage, &rig.early_exit]
         .iter()
         .filter_map(|s| s.cgroups().ok())
-        .map(|p| p.dirs().into_iter().map(PathBuf::from).collect())
+        .flat_map(|p| p.dirs().into_iter().map(PathBuf::from))
         .collect();
 
     let started = Instant::now();
