@@ -213,6 +213,9 @@ fn safe_message(error: &jsonschema::ValidationError<'_>) -> String {
             )
         }
         Kind::UnevaluatedItems { unexpected } => format!("{} unexpected items", unexpected.len()),
+        // The inner error's instance is the property *name*, and jsonschema prints it
+        // unmasked (its masked Display of `PropertyNames` is the inner error's plain Display).
+        Kind::PropertyNames { error } => format!("property name: {}", safe_message(error)),
         _ => error.masked().to_string(),
     }
 }
@@ -364,6 +367,24 @@ mod tests {
         // Brackets inside strings do not count.
         let text = format!(r#"{{"a": "{}"}}"#, "[".repeat(1000));
         assert!(schema.check_text(&text, InputLimits::default()).is_ok());
+    }
+
+    #[test]
+    fn property_name_violations_never_repeat_the_name() {
+        let schema = compile_schema(
+            &json!({"type": "object", "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 8}}),
+            false,
+        )
+        .unwrap();
+        let err = schema
+            .check_text(r#"{"Hunter2-secret-key": 1}"#, InputLimits::default())
+            .unwrap_err();
+        let InputError::Schema { violations } = &err else {
+            panic!("expected schema error, got {err:?}");
+        };
+        assert!(violations.iter().all(|v| v.keyword == "propertyNames"));
+        let rendered = format!("{err} {violations:?}");
+        assert!(!rendered.contains("Hunter2"), "{rendered}");
     }
 
     #[test]
