@@ -75,6 +75,14 @@ pub struct Report {
     supervisor_rss_idle_kib: u64,
     supervisor_rss_with_pool_kib: u64,
     worker_rss_per_idle_pooled_kib: u64,
+    /// Proportional set size per idle pooled worker: pages shared by all workers (the sealed
+    /// image, libc) count once across them, so this is what each extra worker costs.
+    worker_pss_per_idle_pooled_kib: u64,
+    /// Anonymous (private) memory per idle pooled worker.
+    worker_anon_per_idle_pooled_kib: u64,
+    /// Supervisor RSS split: file-backed (its own executable's text, shared) and anonymous.
+    supervisor_rss_file_kib: u64,
+    supervisor_rss_anon_kib: u64,
     pool_workers: usize,
     notes: Vec<String>,
 }
@@ -145,11 +153,25 @@ fn bwrap_command(bwrap: &Path) -> Command {
 }
 
 fn rss_kib(pid: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    status_kib(pid, "VmRSS:")
+}
+
+/// A `Key:  N kB` line of /proc/PID/status.
+fn status_kib(pid: &str, key: &str) -> u64 {
+    kib_field(&format!("/proc/{pid}/status"), key)
+}
+
+/// Proportional set size (pages shared by n processes count 1/n).
+fn pss_kib(pid: &str) -> u64 {
+    kib_field(&format!("/proc/{pid}/smaps_rollup"), "Pss:")
+}
+
+fn kib_field(path: &str, key: &str) -> u64 {
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(key))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
         })
@@ -395,6 +417,8 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         pooled.close().await;
         cold.close().await;
         let rss_idle = rss_kib("self");
+        let rss_file = status_kib("self", "RssFile:");
+        let rss_anon = status_kib("self", "RssAnon:");
         let memory = Arc::new(Supervisor::start(SupervisorOptions::default())?);
         memory.keep_warm(Arc::clone(&profile), args.pool_workers);
         let deadline_fill = Instant::now() + Duration::from_secs(60);
@@ -402,9 +426,26 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let rss_pool = rss_kib("self");
-        let workers = children();
+        // Our children that are pooled workers (argv[0] "airlock-worker").
+        let workers: Vec<String> = children()
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"airlock-worker\0"))
+            })
+            .collect();
+        if workers.len() != args.pool_workers {
+            notes.push(format!(
+                "found {} pooled worker processes, expected {}",
+                workers.len(),
+                args.pool_workers
+            ));
+        }
+        let count = workers.len().max(1) as u64;
         let worker_rss: u64 = workers.iter().map(|pid| rss_kib(pid)).sum();
-        let per_worker = worker_rss / (workers.len().max(1) as u64);
+        let per_worker = worker_rss / count;
+        let worker_pss: u64 = workers.iter().map(|pid| pss_kib(pid)).sum();
+        let worker_anon: u64 = workers.iter().map(|pid| status_kib(pid, "RssAnon:")).sum();
         memory.close().await;
         anyhow::Ok(Report {
             rounds: args.rounds,
@@ -415,6 +456,10 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             supervisor_rss_idle_kib: rss_idle,
             supervisor_rss_with_pool_kib: rss_pool,
             worker_rss_per_idle_pooled_kib: per_worker,
+            worker_pss_per_idle_pooled_kib: worker_pss / count,
+            worker_anon_per_idle_pooled_kib: worker_anon / count,
+            supervisor_rss_file_kib: rss_file,
+            supervisor_rss_anon_kib: rss_anon,
             pool_workers: args.pool_workers,
             notes,
         })
@@ -459,8 +504,14 @@ fn print_table(report: &Report) {
         report.pool_workers, report.supervisor_rss_with_pool_kib
     );
     println!(
-        "  RSS per idle pooled worker                 {:>8} KiB",
-        report.worker_rss_per_idle_pooled_kib
+        "    of which file-backed (own text) / anon  {:>8} / {} KiB",
+        report.supervisor_rss_file_kib, report.supervisor_rss_anon_kib
+    );
+    println!(
+        "  idle pooled worker: RSS / PSS / anon       {:>8} / {} / {} KiB",
+        report.worker_rss_per_idle_pooled_kib,
+        report.worker_pss_per_idle_pooled_kib,
+        report.worker_anon_per_idle_pooled_kib
     );
     for note in &report.notes {
         println!("note: {note}");

@@ -51,4 +51,8 @@ fn bench_json_reports_latency_throughput_kill_and_memory_figures() {
     );
     assert!(report["deadline_to_reaped_ms"]["samples"].as_u64().unwrap() > 0);
     assert!(report["supervisor_rss_idle_kib"].as_u64().unwrap() > 0);
+    // The pooled workers were found and measured (a worker maps at least libc and itself).
+    assert!(report["worker_rss_per_idle_pooled_kib"].as_u64().unwrap() > 500);
+    assert!(report["worker_pss_per_idle_pooled_kib"].as_u64().unwrap() > 0);
+    assert!(report["worker_anon_per_idle_pooled_kib"].as_u64().unwrap() > 0);
 }

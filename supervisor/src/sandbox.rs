@@ -379,8 +379,18 @@ impl Supervisor {
             });
             stats
         } else {
-            // Timeouts, cancellations and failures answer only once everything is reaped.
-            finish_worker(&mut lease).await
+            // Timeouts, cancellations and failures answer only once everything is reaped:
+            // the worker is PID 1 of its namespace, so once it is reaped every process of
+            // the tool is gone. Removing the then-empty cgroup (a few rmdirs, slow on v1)
+            // happens after the answer, still counted so `close` waits for it.
+            let stats = reap_worker(&lease).await;
+            let cleanup = ActiveCall::enter(&self.active);
+            // rmdir may retry with short sleeps: keep it off the async threads.
+            tokio::task::spawn_blocking(move || {
+                lease.release();
+                drop(cleanup);
+            });
+            stats
         };
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
@@ -521,6 +531,17 @@ impl Supervisor {
         })?;
         // From here the lease owns the worker: dropping this future kills and reaps it.
         lease.pidfd = Some(spawned.pidfd);
+        let spawn_started = Instant::now();
+        if let Err(e) = crate::spawn::await_exec(spawned.exec_report).await {
+            let mut error = unavailable("spawn", error_chain(&e));
+            error.transient = e.is_transient();
+            // The lease kills and reaps the exiting child and removes its cgroup.
+            return Err(PrepareError::Rejected(error));
+        }
+        tracing::debug!(
+            until_exec_us = spawn_started.elapsed().as_micros() as u64,
+            "worker exec'd"
+        );
         let std_stream = std::os::unix::net::UnixStream::from(spawned.socket);
         let stream = std_stream
             .set_nonblocking(true)
@@ -545,7 +566,7 @@ impl Supervisor {
             tokio::pin!(talk);
             tokio::select! {
                 outcome = &mut talk => outcome,
-                () = tokio::time::sleep_until(deadline) => Err(Conversation::TimedOut { applied: None }),
+                () = sleep_until_precise(deadline) => Err(Conversation::TimedOut { applied: None }),
                 () = wait_cancel(cancel) => Err(Conversation::Cancelled { applied: None }),
                 () = self.closing.cancelled() => Err(Conversation::Cancelled { applied: None }),
             }
@@ -596,7 +617,7 @@ impl Supervisor {
                     Ok(report) => Conversation::Finished { applied: applied.clone(), report },
                     Err(broken) => broken,
                 },
-                () = tokio::time::sleep_until(deadline) => Conversation::TimedOut { applied: Some(applied.clone()) },
+                () = sleep_until_precise(deadline) => Conversation::TimedOut { applied: Some(applied.clone()) },
                 () = wait_cancel(cancel) => Conversation::Cancelled { applied: Some(applied.clone()) },
                 () = self.closing.cancelled() => Conversation::Cancelled { applied: Some(applied.clone()) },
             }
@@ -715,6 +736,19 @@ async fn run_over(
     }
 }
 
+/// Sleeps until `deadline` to the microsecond: tokio's timer rounds deadlines up to whole
+/// milliseconds, which showed as up to a millisecond of "deadline → reaped". Falls back to
+/// tokio's timer if no timerfd can be had.
+async fn sleep_until_precise(deadline: tokio::time::Instant) {
+    let after = deadline.saturating_duration_since(tokio::time::Instant::now());
+    match sys::oneshot_timerfd(after).and_then(sys::register_async_fd) {
+        Ok(timer) => {
+            let _ = timer.readable().await;
+        }
+        Err(_) => tokio::time::sleep_until(deadline).await,
+    }
+}
+
 async fn wait_cancel(cancel: Option<&CancelSignal>) {
     match cancel {
         Some(signal) => signal.cancelled().await,
@@ -725,13 +759,19 @@ async fn wait_cancel(cancel: Option<&CancelSignal>) {
 /// Kills the worker tree, waits for the worker to be reaped, reads the cgroup counters and
 /// removes the cgroup.
 async fn finish_worker(lease: &mut WorkerLease) -> Option<CgroupStats> {
+    let stats = reap_worker(lease).await;
+    lease.release();
+    stats
+}
+
+/// Kills the worker tree, waits until the worker is reaped, and reads the cgroup counters
+/// (final by then); the cgroup itself stays until [`WorkerLease::release`].
+async fn reap_worker(lease: &WorkerLease) -> Option<CgroupStats> {
     lease.kill();
     if let Some(pidfd) = &lease.pidfd {
         wait_for_exit(pidfd).await;
     }
-    let stats = lease.cgroup.as_ref().and_then(|c| c.read_stats().ok());
-    lease.release();
-    stats
+    lease.cgroup.as_ref().and_then(|c| c.read_stats().ok())
 }
 
 /// Waits until the worker (already sent SIGKILL) has exited and is reaped.

@@ -8,7 +8,7 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::mpsc;
@@ -173,6 +173,45 @@ pub struct Spawned {
     pub pidfd: OwnedFd,
     /// The supervisor's end of the protocol socket.
     pub socket: OwnedFd,
+    /// Closes when the child execs the worker, or carries the step that failed before:
+    /// pass it to [`await_exec`]. Waiting for it is the caller's, not the spawner thread's,
+    /// so the next clone need not wait for this child's cgroup join (on v1 an RCU grace
+    /// period of 10–15 ms) and exec.
+    pub exec_report: OwnedFd,
+}
+
+/// Waits (asynchronously) until a spawned child has exec'd the worker, or returns the step
+/// that failed before exec. On failure the child is exiting; its owner reaps it.
+pub async fn await_exec(report: OwnedFd) -> Result<(), SpawnError> {
+    use tokio::io::AsyncReadExt;
+    let parent = |source| SpawnError::Parent {
+        operation: "wait for the worker's exec",
+        source,
+    };
+    let mut reader = tokio::net::unix::pipe::Receiver::from_owned_fd(report).map_err(parent)?;
+    let mut report = [0u8; 5];
+    let mut got = 0;
+    while got < report.len() {
+        match reader.read(&mut report[got..]).await {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(parent(e)),
+        }
+    }
+    if got < report.len() {
+        // EOF: the close-on-exec write end closed at exec.
+        return Ok(());
+    }
+    let step = CHILD_STEPS
+        .get(usize::from(report[0]))
+        .copied()
+        .unwrap_or("unknown");
+    let errno = i32::from_ne_bytes([report[1], report[2], report[3], report[4]]);
+    Err(SpawnError::Child {
+        step,
+        source: io::Error::from_raw_os_error(errno),
+    })
 }
 
 type Reply = tokio::sync::oneshot::Sender<Result<Spawned, SpawnError>>;
@@ -347,40 +386,16 @@ fn spawn_worker(
     let _ = release.write_all(&[1]);
     drop(release);
 
-    // The report pipe closes at exec (close-on-exec) or carries the failed step.
-    let mut report = [0u8; 5];
-    let mut reader = File::from(report_read);
-    let mut got = 0;
-    while got < report.len() {
-        match reader.read(&mut report[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        }
-    }
-    if got == report.len() {
-        reap_blocking(&cloned.pidfd);
-        let step = CHILD_STEPS
-            .get(usize::from(report[0]))
-            .copied()
-            .unwrap_or("unknown");
-        let errno = i32::from_ne_bytes([report[1], report[2], report[3], report[4]]);
-        return Err(SpawnError::Child {
-            step,
-            source: io::Error::from_raw_os_error(errno),
-        });
-    }
     tracing::debug!(
         clone_and_maps_us = cloned_us,
-        until_exec_us = clone_started.elapsed().as_micros() as u64,
         pid = cloned.pid,
-        "worker spawned"
+        "worker cloned"
     );
     Ok(Spawned {
         pid: cloned.pid,
         pidfd: cloned.pidfd,
         socket: supervisor_end,
+        exec_report: report_read,
     })
 }
 

@@ -370,3 +370,31 @@ pub fn register_async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<Own
     unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
         .map_err(|e| e.into_parts().1)
 }
+
+/// A one-shot `CLOCK_MONOTONIC` timer descriptor that becomes readable `after` from now.
+pub fn oneshot_timerfd(after: std::time::Duration) -> io::Result<OwnedFd> {
+    // SAFETY: timerfd_create takes a clock id and flags and returns a new descriptor.
+    let fd = check_int(unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    })?;
+    // SAFETY: the descriptor was just created for us and nobody else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // An all-zero it_value would disarm the timer instead of firing at once.
+    let after = after.max(std::time::Duration::from_nanos(1));
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(after.subsec_nanos()),
+        },
+    };
+    // SAFETY: `spec` is valid for reads during the call; a NULL old-value pointer is allowed.
+    check_int(unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) })?;
+    Ok(fd)
+}

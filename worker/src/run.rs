@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use airlock_protocol::{ExitStatus, RunRequest, SandboxSpec, StdioMode, ToolExit, WorkerMessage};
 
 use crate::builtin::{BuiltinPlan, plan_builtin};
+use crate::confine::StepTimings;
 use crate::sys::{self, Forked};
 
 /// How long output may keep flowing after the tool itself exited (descendants holding the
@@ -125,8 +126,12 @@ fn read_into(fd: &OwnedFd, capture: &mut Capture, limit: usize) -> bool {
 }
 
 /// Runs the request and returns the message to send back.
-pub fn run_tool(spec: &SandboxSpec, request: &RunRequest) -> WorkerMessage {
-    match run_tool_inner(spec, request) {
+pub fn run_tool(
+    spec: &SandboxSpec,
+    request: &RunRequest,
+    timings: &mut StepTimings,
+) -> WorkerMessage {
+    match run_tool_inner(spec, request, timings) {
         Ok(exit) => WorkerMessage::Exited(exit),
         Err((message, errno)) => WorkerMessage::RunFailed { message, errno },
     }
@@ -138,7 +143,11 @@ fn os_error(what: &str) -> impl Fn(std::io::Error) -> RunError + '_ {
     move |e| (format!("{what}: {e}"), e.raw_os_error())
 }
 
-fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, RunError> {
+fn run_tool_inner(
+    spec: &SandboxSpec,
+    request: &RunRequest,
+    timings: &mut StepTimings,
+) -> Result<ToolExit, RunError> {
     let builtin = request
         .builtin
         .as_deref()
@@ -164,6 +173,7 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
         .ok_or(("environment contains NUL".to_string(), None))?;
     let limit = usize::try_from(request.output_limit_bytes).unwrap_or(usize::MAX);
 
+    timings.mark("prepare");
     let (error_read, error_write) = sys::cloexec_pipe().map_err(os_error("pipe"))?;
     let pipes = match request.stdio {
         StdioMode::Inherit => None,
@@ -194,6 +204,7 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
         Forked::Parent(pid) => pid,
     };
     drop(error_write);
+    timings.mark("fork");
     // Polled for the tool's exit, so no loop sleeps past it.
     let tool_pidfd = sys::open_pidfd(pid).ok();
 
@@ -211,6 +222,7 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
         ));
     }
 
+    timings.mark("exec");
     let mut stdout = Capture::default();
     let mut stderr = Capture::default();
     let mut status: Option<ExitStatus> = None;
@@ -309,9 +321,11 @@ fn run_tool_inner(spec: &SandboxSpec, request: &RunRequest) -> Result<ToolExit, 
         }
     }
 
+    timings.mark("tool");
     // Whatever the tool left running (daemons, double forks) dies with it.
     let _ = sys::kill_every_other_process();
     let _ = sys::reap_all_children();
+    timings.mark("reap");
     let (user_cpu_us, system_cpu_us) = sys::children_cpu_time_us();
     Ok(ToolExit {
         status: status.unwrap_or(ExitStatus::Signal(libc::SIGKILL)),

@@ -79,7 +79,13 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
     loop {
         match receive(&mut stream) {
             Some(SupervisorMessage::Run(request)) => {
-                let report = run_tool(&spec, &request);
+                let mut timings = StepTimings::default();
+                let report = run_tool(&spec, &request, &mut timings);
+                let record = LogRecord {
+                    level: LogLevel::Debug,
+                    message: format!("run steps: {}", timings.summary()),
+                };
+                let _ = send(&mut stream, &WorkerMessage::Log(record));
                 if !send(&mut stream, &report) {
                     return exit_code::PROTOCOL;
                 }
