@@ -1,6 +1,7 @@
-//! Built-in tools, run in a forked child of the confined worker: the same namespaces,
-//! mounts, Landlock domain, seccomp filter and limits as any command. Each writes its
-//! result to stdout (text for `read_file`, JSON otherwise) and errors to stderr.
+//! Built-in tools, run in the confined, single-use worker itself (`bash` in a child that
+//! execs the shell): the same namespaces, mounts, Landlock domain, seccomp filter and limits
+//! as any command. Each writes its result to stdout (text for `read_file`, JSON otherwise)
+//! and errors to stderr; the worker captures both like a child's.
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -108,17 +109,34 @@ fn edit(input: &Value, out: &mut dyn Write) -> Result<(), String> {
     writeln!(out, "{}", json!({"path": path, "replaced": 1})).map_err(|e| e.to_string())
 }
 
+/// Whether built-in `name` runs without exec'ing a program (every one but `bash`).
+pub fn runs_in_process(name: &str) -> bool {
+    name != "bash"
+}
+
 /// Decides what the child does for built-in `name` with `arguments_json`. In-process
 /// built-ins run here and write to stdout/stderr.
 pub fn plan_builtin(name: &str, arguments_json: &str) -> BuiltinPlan {
     let mut stdout = std::io::stdout().lock();
+    let mut stderr = std::io::stderr();
+    plan_builtin_with(name, arguments_json, &mut stdout, &mut stderr)
+}
+
+/// [`plan_builtin`] with explicit output streams (the worker runs in-process built-ins
+/// straight into its capture buffers).
+pub fn plan_builtin_with(
+    name: &str,
+    arguments_json: &str,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> BuiltinPlan {
     let result = serde_json::from_str::<Value>(arguments_json)
         .map_err(|e| format!("arguments are not JSON: {e}"))
         .and_then(|input| match name {
-            "read_file" => read_file(&input, &mut stdout).map(|()| None),
-            "write_file" => write_file(&input, &mut stdout).map(|()| None),
-            "list_dir" => list_dir(&input, &mut stdout).map(|()| None),
-            "edit" => edit(&input, &mut stdout).map(|()| None),
+            "read_file" => read_file(&input, stdout).map(|()| None),
+            "write_file" => write_file(&input, stdout).map(|()| None),
+            "list_dir" => list_dir(&input, stdout).map(|()| None),
+            "edit" => edit(&input, stdout).map(|()| None),
             "bash" => {
                 let command = field(&input, "command")?.to_string();
                 let shell = SHELLS
@@ -135,7 +153,7 @@ pub fn plan_builtin(name: &str, arguments_json: &str) -> BuiltinPlan {
         Ok(Some(argv)) => BuiltinPlan::Exec(argv),
         Ok(None) => BuiltinPlan::Done(0),
         Err(message) => {
-            let _ = writeln!(std::io::stderr(), "{message}");
+            let _ = writeln!(stderr, "{message}");
             BuiltinPlan::Done(1)
         }
     }

@@ -268,3 +268,10 @@ pub fn adopt_descriptor(fd: RawFd) -> io::Result<OwnedFd> {
     // supervisor for exactly this purpose; nothing else in the worker owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
+
+/// Ignores SIGXFSZ: a built-in running in the worker itself that passes RLIMIT_FSIZE gets
+/// EFBIG and reports it, instead of the signal killing the worker.
+pub fn ignore_file_size_signal() {
+    // SAFETY: SIG_IGN installs no handler code; the worker is single-threaded.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+}
