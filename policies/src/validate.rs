@@ -101,7 +101,7 @@ pub enum Network {
 }
 
 /// Resource limits of a profile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limits {
     /// cgroup memory limit, bytes.
     pub memory_bytes: u64,

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Everything a worker needs to confine itself, in the order it applies it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SandboxSpec {
     /// Name of the profile this spec was compiled from (for reports and logs).
     pub profile: String,
@@ -30,7 +30,7 @@ pub struct SandboxSpec {
 }
 
 /// One step of the mount plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum MountOp {
     /// A tmpfs at `target` of at most `size_bytes`, with the given octal `mode`.
     Tmpfs {
@@ -80,7 +80,7 @@ pub enum MountOp {
 }
 
 /// What network a sandbox gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum NetworkMode {
     /// A fresh network namespace with no interface up; no socket but `AF_UNIX`.
     None,
@@ -91,7 +91,7 @@ pub enum NetworkMode {
 }
 
 /// Limits applied with setrlimit (the `RLIMIT_CORE` is always 0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Rlimits {
     /// `RLIMIT_NOFILE`.
     pub open_files: u64,
@@ -102,7 +102,7 @@ pub struct Rlimits {
 }
 
 /// How hard a confinement layer is required.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Requirement {
     /// The call fails with `sandbox_unavailable` unless the layer is fully enforced.
     Required,
@@ -111,7 +111,7 @@ pub enum Requirement {
 }
 
 /// Landlock rules, as paths inside the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LandlockSpec {
     /// Required or best effort.
     pub requirement: Requirement,
@@ -128,7 +128,7 @@ pub struct LandlockSpec {
 }
 
 /// One classic-BPF instruction (`struct sock_filter`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct BpfInstruction {
     /// Opcode.
     pub code: u16,
@@ -141,7 +141,7 @@ pub struct BpfInstruction {
 }
 
 /// A compiled seccomp filter.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SeccompSpec {
     /// Required or best effort.
     pub requirement: Requirement,

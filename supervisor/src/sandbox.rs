@@ -77,9 +77,21 @@ enum PrepareError {
 }
 
 /// Profiles with identical specs and limits share a pool.
+/// Which pool serves a profile: a digest of everything a pooled worker was confined with
+/// (the spec it built, the limits of its cgroup), so a worker only ever serves a call whose
+/// profile is identical. Two independently keyed SipHashes (128 bits, random keys per
+/// process): cheap enough for every call (formatting and SHA-256 of the whole spec, BPF
+/// program included, cost ~150 µs of a 0.7 ms pooled built-in call), and not steerable.
 fn pool_key(profile: &CompiledProfile) -> String {
-    airlock_policy::compile::sha256_hex(
-        format!("{}\n{:?}\n{:?}", profile.name, profile.spec, profile.limits).as_bytes(),
+    use std::hash::BuildHasher;
+    static KEYS: std::sync::OnceLock<[std::collections::hash_map::RandomState; 2]> =
+        std::sync::OnceLock::new();
+    let keys = KEYS.get_or_init(Default::default);
+    let content = (&profile.name, &profile.spec, &profile.limits);
+    format!(
+        "{:016x}{:016x}",
+        keys[0].hash_one(content),
+        keys[1].hash_one(content)
     )
 }
 
