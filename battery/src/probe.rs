@@ -330,13 +330,17 @@ fn fds() -> String {
     let mut fds: Vec<u32> = match std::fs::read_dir("/proc/self/fd") {
         Ok(dir) => dir
             .flatten()
+            // read_dir's own descriptor points at this very directory: leave exactly it out.
+            .filter(|e| {
+                std::fs::read_link(e.path())
+                    .map(|target| !(target.starts_with("/proc") && target.ends_with("fd")))
+                    .unwrap_or(true)
+            })
             .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
             .collect(),
         Err(e) => return show_io::<()>(Err(e)),
     };
     fds.sort_unstable();
-    // The highest one is read_dir's own descriptor; it is closed by now but was listed.
-    fds.pop();
     let list: Vec<String> = fds.iter().map(u32::to_string).collect();
     format!("fds={}", list.join(","))
 }

@@ -354,7 +354,7 @@ impl Supervisor {
             elapsed_us = started.elapsed().as_micros() as u64,
             "worker ready"
         );
-        let (conversation, mut lease) = match worker {
+        let (conversation, lease) = match worker {
             Ok(worker) => {
                 result.isolation.cgroup = worker
                     .lease
@@ -386,22 +386,16 @@ impl Supervisor {
             let stats = lease.cgroup.as_ref().and_then(|c| c.read_stats().ok());
             let cleanup = ActiveCall::enter(&self.active);
             tokio::spawn(async move {
-                let _ = finish_worker(&mut lease).await;
-                drop(cleanup);
+                let _ = reap_worker(&lease).await;
+                release_later(lease, cleanup);
             });
             stats
         } else {
             // Timeouts, cancellations and failures answer only once everything is reaped:
             // the worker is PID 1 of its namespace, so once it is reaped every process of
-            // the tool is gone. Removing the then-empty cgroup (a few rmdirs, slow on v1)
-            // happens after the answer, still counted so `close` waits for it.
+            // the tool is gone. Removing the then-empty cgroup happens after the answer.
             let stats = reap_worker(&lease).await;
-            let cleanup = ActiveCall::enter(&self.active);
-            // rmdir may retry with short sleeps: keep it off the async threads.
-            tokio::task::spawn_blocking(move || {
-                lease.release();
-                drop(cleanup);
-            });
+            release_later(lease, ActiveCall::enter(&self.active));
             stats
         };
         tracing::debug!(
@@ -774,6 +768,15 @@ async fn finish_worker(lease: &mut WorkerLease) -> Option<CgroupStats> {
     let stats = reap_worker(lease).await;
     lease.release();
     stats
+}
+
+/// Removes a reaped worker's cgroup off the async threads (rmdir may retry with short
+/// sleeps, and is slow on v1), still counted as active so `close` waits for it.
+fn release_later(mut lease: WorkerLease, active: ActiveCall) {
+    tokio::task::spawn_blocking(move || {
+        lease.release();
+        drop(active);
+    });
 }
 
 /// Kills the worker tree, waits until the worker is reaped, and reads the cgroup counters
