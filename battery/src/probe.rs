@@ -150,6 +150,31 @@ fn attack(name: &str, args: &[String]) -> Option<String> {
             let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes());
             show_io(addr.and_then(|a| UnixStream::connect_addr(&a)))
         }
+        // Bait for a neighbour: listens on abstract name arg 0, creates file arg 1 once
+        // listening (a shared writable directory tells the test when to attack), waits up to
+        // arg 2 ms for a connection and prints `accepted` or `nobody`, then this sandbox's
+        // network namespace (`net:[inode]`).
+        "listen-abstract" => {
+            let listened = listen_abstract(
+                arg(0)?,
+                std::path::Path::new(arg(1)?),
+                std::time::Duration::from_millis(arg(2)?.parse().ok()?),
+            );
+            let netns = std::fs::read_link("/proc/self/ns/net")
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|e| format!("netns-errno={}", e.raw_os_error().unwrap_or(0)));
+            format!("{listened} {netns}")
+        }
+        // The control for the above: a listener and a client in the same sandbox reach each
+        // other, so `nobody`/`errno` across sandboxes is the boundary, not a broken probe.
+        "abstract-pair" => {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(arg(0)?.as_bytes());
+            show_io(addr.and_then(|a| {
+                let _listener = std::os::unix::net::UnixListener::bind_addr(&a)?;
+                UnixStream::connect_addr(&a)
+            }))
+        }
         "connect-unix" => show_io(UnixStream::connect(arg(0)?)),
         "connect-tcp" => {
             let addr: std::net::SocketAddr = arg(0)?.parse().ok()?;
@@ -412,4 +437,29 @@ fn fill_tmp() -> String {
         }
     }
     "unbounded".into()
+}
+
+fn listen_abstract(name: &str, ready: &std::path::Path, wait: std::time::Duration) -> String {
+    use std::os::linux::net::SocketAddrExt;
+    let listener = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
+        .and_then(|l| l.set_nonblocking(true).map(|()| l));
+    let listener = match listener {
+        Ok(listener) => listener,
+        Err(e) => return format!("listen-errno={}", e.raw_os_error().unwrap_or(0)),
+    };
+    if let Err(e) = std::fs::write(ready, b"listening") {
+        return format!("ready-errno={}", e.raw_os_error().unwrap_or(0));
+    }
+    let deadline = std::time::Instant::now() + wait;
+    while std::time::Instant::now() < deadline {
+        match listener.accept() {
+            Ok(_) => return "accepted".into(),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => return format!("accept-errno={}", e.raw_os_error().unwrap_or(0)),
+        }
+    }
+    "nobody".into()
 }

@@ -277,11 +277,17 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         let profile = Arc::clone(&policy.profiles["default"]);
         pooled.keep_warm(Arc::clone(&profile), 2);
         let gate = Arc::new(Gate::new(Arc::clone(&pooled), policy.clone()));
+        // A latency sample starts on a quiet supervisor: the pool refilled and the previous
+        // call's worker reaped and its cgroup removed. Otherwise the sample measures that
+        // background work competing for this machine's two cores (throughput below measures
+        // the loaded case).
         let wait_pool = |n: usize| {
             let pooled = Arc::clone(&pooled);
             async move {
                 let deadline = Instant::now() + Duration::from_secs(30);
-                while pooled.pool_stats().idle < n && Instant::now() < deadline {
+                while (pooled.pool_stats().idle < n || pooled.calls_in_flight() > 0)
+                    && Instant::now() < deadline
+                {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
             }
@@ -324,20 +330,23 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                         "/bin/true",
                     ]))),
                     3 => {
+                        while cold.calls_in_flight() > 0 {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
                         let started = Instant::now();
                         if cold.run(true_run(&policy), None).await.ok {
                             samples[3].push(started.elapsed().as_secs_f64() * 1000.0);
                         }
                     }
                     4 => {
-                        wait_pool(1).await;
+                        wait_pool(2).await;
                         let started = Instant::now();
                         if gate.call(&true_call, &CallOptions::default()).await.ok {
                             samples[4].push(started.elapsed().as_secs_f64() * 1000.0);
                         }
                     }
                     _ => {
-                        wait_pool(1).await;
+                        wait_pool(2).await;
                         let started = Instant::now();
                         if gate.call(&builtin_call, &CallOptions::default()).await.ok {
                             samples[5].push(started.elapsed().as_secs_f64() * 1000.0);
@@ -374,7 +383,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         };
         let mut overshoot = Vec::new();
         for _ in 0..20 {
-            wait_pool(1).await;
+            wait_pool(2).await;
             let started = Instant::now();
             let result = gate.call(&sleep_call, &CallOptions::default()).await;
             if result

@@ -88,6 +88,13 @@ pub enum NetworkMode {
     Loopback,
     /// The host network, narrowed by Landlock TCP port rules.
     Host,
+    /// Like `None`, but the network namespace is one empty namespace the supervisor made and
+    /// shares between workers (creating and destroying one per worker is most of a cold
+    /// spawn's cost). Sent only in `Setup`, never compiled from a policy. Safe only because
+    /// nothing in it connects workers: no interface is up, the seccomp filter allows no
+    /// socket but `AF_UNIX`, path sockets live in each worker's own file system, and abstract
+    /// unix sockets are scoped by Landlock (ABI 6), which the worker insists on.
+    NoneShared,
 }
 
 /// Limits applied with setrlimit (the `RLIMIT_CORE` is always 0).

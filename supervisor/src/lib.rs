@@ -56,4 +56,4 @@ pub use call::ToolCall;
 pub use cancel::CancelSignal;
 pub use gate::{Approval, CallOptions, Gate};
 pub use result::{ErrorKind, ToolError, ToolResult};
-pub use sandbox::{SandboxRun, Supervisor, SupervisorOptions};
+pub use sandbox::{NetworkNamespaces, SandboxRun, Supervisor, SupervisorOptions};

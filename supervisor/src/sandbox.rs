@@ -21,7 +21,7 @@ use crate::cgroup::{CgroupLimits, CgroupParent, CgroupStats, WorkerCgroup};
 use crate::channel::{ChannelError, WorkerChannel};
 use crate::pool::{Pool, PoolStats};
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
-use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawner, WorkerImage};
+use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawner, WorkerImage, WorkerNetwork};
 use crate::sys;
 
 /// Why a supervisor could not start.
@@ -45,6 +45,22 @@ pub struct SupervisorOptions {
     /// Run this program as the worker instead of the current executable, with these extra
     /// arguments (tests use it to play a hostile worker).
     pub worker_program: Option<(std::path::PathBuf, Vec<String>)>,
+    /// How `network = "none"` workers get their network namespace.
+    pub network_namespaces: NetworkNamespaces,
+}
+
+/// The network namespace strategy for `network = "none"` profiles.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NetworkNamespaces {
+    /// One empty network namespace, made by the supervisor and shared by those workers,
+    /// where that connects nobody: the supervisor may create it (root), the kernel scopes
+    /// abstract unix sockets per Landlock domain (ABI 6, Linux 6.12), and the profile
+    /// requires Landlock and seccomp (AF_UNIX only). Everything else gets a fresh one.
+    /// Creating and destroying a network namespace is most of a cold spawn's kernel work.
+    #[default]
+    SharedWhenSafe,
+    /// A fresh one per worker, always.
+    PerWorker,
 }
 
 /// Starts sandboxes. Cheap to share behind an `Arc`.
@@ -73,7 +89,7 @@ enum PrepareError {
     /// Refused before anything was spawned.
     Rejected(Box<ToolError>),
     /// Spawned but the handshake or confinement failed; the lease still needs cleanup.
-    Failed(Conversation, WorkerLease),
+    Failed(Conversation, Box<WorkerLease>),
 }
 
 /// Profiles with identical specs and limits share a pool.
@@ -272,7 +288,11 @@ impl Supervisor {
             None => (WorkerImage::seal_current_executable()?, Vec::new()),
         };
         let mapping = IdMapping::for_this_process(options.sandbox_host_id);
-        let spawner = Spawner::start(image, mapping, extra_args)?;
+        // Scoping is the kernel's (worker-side Landlock), so it is checked on the host; the
+        // worker checks it again for itself and refuses a shared namespace without it.
+        let share_network = options.network_namespaces == NetworkNamespaces::SharedWhenSafe
+            && sys::landlock_abi_version().is_ok_and(|abi| abi >= 6);
+        let spawner = Spawner::start(image, mapping, extra_args, share_network)?;
         let cgroups = match options.cgroup_parent {
             Some(parent) => Ok(parent),
             None => CgroupParent::detect().map_err(|e| e.to_string()),
@@ -370,7 +390,7 @@ impl Supervisor {
             }
             Err(PrepareError::Failed(conversation, lease)) => {
                 result.isolation.cgroup = lease.cgroup.as_ref().map(|c| c.version().to_string());
-                (conversation, lease)
+                (conversation, *lease)
             }
         };
         tracing::debug!(
@@ -470,6 +490,32 @@ impl Supervisor {
         self.pool.stats()
     }
 
+    /// Calls in progress plus finished calls whose worker is still being reaped and removed
+    /// (what [`Supervisor::close`] waits for). Zero means no sandbox work is going on.
+    pub fn calls_in_flight(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// The network namespace a worker of `profile` gets (see [`NetworkNamespaces`]).
+    fn worker_network(&self, profile: &CompiledProfile) -> WorkerNetwork {
+        use airlock_protocol::{NetworkMode, Requirement};
+        let spec = &profile.spec;
+        match spec.network {
+            NetworkMode::Host => WorkerNetwork::Host,
+            // Compiled from `network = "none"`, so the filter allows AF_UNIX sockets only.
+            NetworkMode::None
+                if self.spawner.shares_network_namespace()
+                    && spec.landlock.requirement == Requirement::Required
+                    && spec.seccomp.requirement == Requirement::Required =>
+            {
+                WorkerNetwork::Shared
+            }
+            NetworkMode::None | NetworkMode::Loopback | NetworkMode::NoneShared => {
+                WorkerNetwork::Fresh
+            }
+        }
+    }
+
     /// cgroup, spawn, handshake and confinement: a worker waiting for its one call.
     async fn prepare_worker(
         &self,
@@ -484,6 +530,7 @@ impl Supervisor {
                 ..ToolError::new(ErrorKind::SandboxUnavailable, message)
             })
         };
+        let network = self.worker_network(profile);
         // cgroup first: the worker joins it before it does anything.
         let cgroup = self
             .create_cgroup(profile)
@@ -528,7 +575,7 @@ impl Supervisor {
             stdio,
             join_cgroups,
             cgroup_dir,
-            new_network_namespace: profile.spec.network != airlock_protocol::NetworkMode::Host,
+            network,
         };
         let spawned = self.spawner.spawn(request).await.map_err(|e| {
             let mut error = unavailable("spawn", error_chain(&e));
@@ -557,7 +604,7 @@ impl Supervisor {
             Err(e) => {
                 return Err(PrepareError::Failed(
                     Conversation::Broken(ChannelError::Io(e)),
-                    lease,
+                    Box::new(lease),
                 ));
             }
         };
@@ -568,7 +615,7 @@ impl Supervisor {
             .saturating_add(64 << 10);
         let mut channel = WorkerChannel::new(stream, max_frame);
         let handshake = {
-            let talk = confine_over(&mut channel, profile);
+            let talk = confine_over(&mut channel, profile, network);
             tokio::pin!(talk);
             tokio::select! {
                 outcome = &mut talk => outcome,
@@ -583,7 +630,7 @@ impl Supervisor {
                 channel,
                 applied,
             }),
-            Err(conversation) => Err(PrepareError::Failed(conversation, lease)),
+            Err(conversation) => Err(PrepareError::Failed(conversation, Box::new(lease))),
         }
     }
 
@@ -693,6 +740,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 async fn confine_over(
     channel: &mut WorkerChannel,
     profile: &CompiledProfile,
+    network: WorkerNetwork,
 ) -> Result<AppliedIsolation, Conversation> {
     let violation = |what: String| Conversation::Broken(ChannelError::Violation(what));
     match channel.receive().await {
@@ -712,7 +760,9 @@ async fn confine_over(
         .await
         .map_err(Conversation::Broken)?;
     channel
-        .send(&SupervisorMessage::Setup(Box::new(profile.spec.clone())))
+        .send(&SupervisorMessage::Setup(Box::new(spec_for(
+            profile, network,
+        ))))
         .await
         .map_err(Conversation::Broken)?;
     match channel.receive().await {
@@ -721,6 +771,16 @@ async fn confine_over(
         Ok(other) => Err(violation(format!("expected Ready, got {}", other.name()))),
         Err(e) => Err(Conversation::Broken(e)),
     }
+}
+
+/// The spec the worker confines itself by: the profile's, told when its network namespace
+/// is the shared one (so it holds the namespace to the conditions that make sharing safe).
+fn spec_for(profile: &CompiledProfile, network: WorkerNetwork) -> airlock_protocol::SandboxSpec {
+    let mut spec = profile.spec.clone();
+    if network == WorkerNetwork::Shared {
+        spec.network = airlock_protocol::NetworkMode::NoneShared;
+    }
+    spec
 }
 
 /// The second half: run, report.

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::mpsc;
 
-use crate::sys::{self, CHILD_STEPS, ChildPlan};
+use crate::sys::{self, CHILD_STEPS, ChildMemory, ChildStack, InFlightChild};
 
 /// Why a worker could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -160,8 +160,20 @@ pub struct SpawnRequest {
     pub join_cgroups: Vec<OwnedFd>,
     /// v2 cgroup directory for CLONE_INTO_CGROUP.
     pub cgroup_dir: Option<OwnedFd>,
-    /// A fresh network namespace (false only for profiles on the host network).
-    pub new_network_namespace: bool,
+    /// Which network namespace the worker gets.
+    pub network: WorkerNetwork,
+}
+
+/// Which network namespace a worker gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerNetwork {
+    /// A fresh one of its own (about 0.8 ms to create here, more to tear down).
+    Fresh,
+    /// The one empty namespace the supervisor shares between workers, if it made one
+    /// ([`Spawner::shares_network_namespace`]).
+    Shared,
+    /// The host's.
+    Host,
 }
 
 /// A started worker.
@@ -216,12 +228,23 @@ pub async fn await_exec(report: OwnedFd) -> Result<(), SpawnError> {
 
 type Reply = tokio::sync::oneshot::Sender<Result<Spawned, SpawnError>>;
 
-/// Handle to the spawner thread. Clones share one thread; when the last clone is dropped
-/// the thread is told to stop and joined, so the sealed worker image it holds is closed by
+/// Handle to the spawner threads. Clones share them; when the last clone is dropped the
+/// threads are told to stop and joined, so the sealed worker image they hold is closed by
 /// the time the supervisor is gone (the soak test counts our descriptors).
 #[derive(Debug, Clone)]
 pub struct Spawner {
-    inner: std::sync::Arc<SpawnerThread>,
+    inner: std::sync::Arc<SpawnerThreads>,
+}
+
+/// One thread in the supervisor's network namespace (fresh-namespace and host-network
+/// workers), and optionally one that moved itself into a new, empty network namespace whose
+/// workers, cloned without CLONE_NEWNET, all share it. Two threads rather than one that
+/// switches with setns: a thread that failed to switch back would clone workers into the
+/// wrong namespace; a thread that never switches cannot.
+#[derive(Debug)]
+struct SpawnerThreads {
+    own: SpawnerThread,
+    shared_network: Option<SpawnerThread>,
 }
 
 #[derive(Debug)]
@@ -237,7 +260,7 @@ impl Drop for SpawnerThread {
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
         {
-            tracing::warn!("the spawner thread panicked");
+            tracing::warn!("a spawner thread panicked");
         }
     }
 }
@@ -245,49 +268,195 @@ impl Drop for SpawnerThread {
 /// The fd number the worker's socket gets in the child: above stdio, predictable.
 const WORKER_SOCKET_ARG_NAME: &str = "__airlock_worker";
 
-impl Spawner {
-    /// Starts the spawner thread. `extra_args` are appended to every worker's argv.
-    pub fn start(
-        image: WorkerImage,
+impl SpawnerThread {
+    /// Starts a spawner thread; with `new_network_namespace` the thread first unshares its
+    /// own network namespace (needs CAP_SYS_ADMIN) and fails if it cannot.
+    fn start(
+        name: &str,
+        image: std::sync::Arc<WorkerImage>,
         mapping: IdMapping,
-        extra_args: Vec<String>,
+        extra_args: std::sync::Arc<Vec<String>>,
+        new_network_namespace: bool,
     ) -> Result<Self, SpawnError> {
         let (requests, receiver) = mpsc::channel::<(SpawnRequest, Reply)>();
+        let (started, is_started) = mpsc::sync_channel::<io::Result<()>>(1);
         let thread = std::thread::Builder::new()
-            .name("airlock-spawner".into())
+            .name(name.into())
             .spawn(move || {
-                while let Ok((request, reply)) = receiver.recv() {
-                    if let Err(Ok(orphan)) =
-                        reply.send(spawn_worker(&image, mapping, &extra_args, request))
-                    {
-                        // The caller gave up while we were spawning: do not leave it running.
-                        let _ = sys::signal_pidfd(&orphan.pidfd, libc::SIGKILL);
-                        reap_blocking(&orphan.pidfd);
+                let entered = sys::block_all_signals_in_this_thread().and_then(|()| {
+                    if new_network_namespace {
+                        sys::unshare_network_namespace()
+                    } else {
+                        Ok(())
                     }
+                });
+                let failed = entered.is_err();
+                let _ = started.send(entered);
+                if failed {
+                    return;
                 }
+                let mut children = ChildrenInFlight::default();
+                loop {
+                    // While children are between clone and exec, wake up now and then to
+                    // take back the memory of those that are done.
+                    let next = if children.running.is_empty() {
+                        receiver
+                            .recv()
+                            .map_err(|_| mpsc::RecvTimeoutError::Disconnected)
+                    } else {
+                        receiver.recv_timeout(std::time::Duration::from_millis(1))
+                    };
+                    match next {
+                        Ok((request, reply)) => {
+                            let spawned =
+                                spawn_worker(&image, mapping, &extra_args, request, &mut children);
+                            if let Err(Ok(orphan)) = reply.send(spawned) {
+                                // The caller gave up while we were spawning: do not leave it
+                                // running.
+                                let _ = sys::signal_pidfd(&orphan.pidfd, libc::SIGKILL);
+                                reap_blocking(&orphan.pidfd);
+                            }
+                        }
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
+                    children.collect();
+                }
+                children.finish_all();
             })
             .map_err(|source| SpawnError::Parent {
-                operation: "start the spawner thread",
+                operation: "start a spawner thread",
                 source,
             })?;
-        Ok(Self {
-            inner: std::sync::Arc::new(SpawnerThread {
-                requests: Some(requests),
-                thread: Some(thread),
-            }),
-        })
+        let mut handle = Self {
+            requests: Some(requests),
+            thread: Some(thread),
+        };
+        match is_started.recv() {
+            Ok(Ok(())) => Ok(handle),
+            Ok(Err(source)) => {
+                drop(handle);
+                Err(SpawnError::Parent {
+                    operation: "create the shared network namespace",
+                    source,
+                })
+            }
+            Err(_) => {
+                handle.requests = None;
+                Err(SpawnError::SpawnerGone)
+            }
+        }
     }
 
-    /// Starts one worker.
-    pub async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
+    async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.inner
-            .requests
+        self.requests
             .as_ref()
             .ok_or(SpawnError::SpawnerGone)?
             .send((request, reply))
             .map_err(|_| SpawnError::SpawnerGone)?;
         answer.await.map_err(|_| SpawnError::SpawnerGone)?
+    }
+}
+
+impl Spawner {
+    /// Starts the spawner thread(s). `extra_args` are appended to every worker's argv. With
+    /// `share_network_namespace`, a second thread makes the empty network namespace that
+    /// [`WorkerNetwork::Shared`] workers share; where that is not permitted (an unprivileged
+    /// supervisor) there is none and [`Spawner::shares_network_namespace`] says so.
+    pub fn start(
+        image: WorkerImage,
+        mapping: IdMapping,
+        extra_args: Vec<String>,
+        share_network_namespace: bool,
+    ) -> Result<Self, SpawnError> {
+        let image = std::sync::Arc::new(image);
+        let extra_args = std::sync::Arc::new(extra_args);
+        let own = SpawnerThread::start(
+            "airlock-spawner",
+            std::sync::Arc::clone(&image),
+            mapping,
+            std::sync::Arc::clone(&extra_args),
+            false,
+        )?;
+        let shared_network = if share_network_namespace {
+            match SpawnerThread::start("airlock-spawner-net", image, mapping, extra_args, true) {
+                Ok(thread) => Some(thread),
+                Err(error) => {
+                    tracing::debug!(%error, "no shared network namespace: every worker gets its own");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Self {
+            inner: std::sync::Arc::new(SpawnerThreads {
+                own,
+                shared_network,
+            }),
+        })
+    }
+
+    /// Whether [`WorkerNetwork::Shared`] is available.
+    pub fn shares_network_namespace(&self) -> bool {
+        self.inner.shared_network.is_some()
+    }
+
+    /// Starts one worker.
+    pub async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
+        match request.network {
+            WorkerNetwork::Shared => match &self.inner.shared_network {
+                Some(thread) => thread.spawn(request).await,
+                None => Err(SpawnError::Parent {
+                    operation: "use the shared network namespace",
+                    source: io::Error::from(io::ErrorKind::Unsupported),
+                }),
+            },
+            WorkerNetwork::Fresh | WorkerNetwork::Host => self.inner.own.spawn(request).await,
+        }
+    }
+}
+
+/// Children of one spawner thread that may still run on memory it lent them (CLONE_VM), and
+/// stacks to lend the next ones.
+#[derive(Debug, Default)]
+struct ChildrenInFlight {
+    running: Vec<InFlightChild>,
+    spare_stacks: Vec<ChildStack>,
+}
+
+/// Stacks kept for reuse: unmapping one in a multi-threaded process costs a TLB shootdown.
+const SPARE_STACKS: usize = 8;
+
+impl ChildrenInFlight {
+    fn stack(&mut self) -> io::Result<ChildStack> {
+        match self.spare_stacks.pop() {
+            Some(stack) => Ok(stack),
+            None => ChildStack::new(),
+        }
+    }
+
+    /// Takes back the memory of every child that has exec'd or exited.
+    fn collect(&mut self) {
+        let (gone, running): (Vec<_>, Vec<_>) =
+            self.running.drain(..).partition(InFlightChild::is_gone);
+        self.running = running;
+        for child in gone {
+            if let Some(stack) = child.finish()
+                && self.spare_stacks.len() < SPARE_STACKS
+            {
+                self.spare_stacks.push(stack);
+            }
+        }
+    }
+
+    /// Waits for every child to exec or exit (each is past its uid-map handshake or was told
+    /// to give up by the closed pipe, so this is short).
+    fn finish_all(self) {
+        for child in self.running {
+            drop(child.finish());
+        }
     }
 }
 
@@ -306,6 +475,7 @@ fn spawn_worker(
     mapping: IdMapping,
     extra_args: &[String],
     request: SpawnRequest,
+    children: &mut ChildrenInFlight,
 ) -> Result<Spawned, SpawnError> {
     let parent = |operation| move |source| SpawnError::Parent { operation, source };
     let (supervisor_end, worker_end) =
@@ -315,7 +485,7 @@ fn spawn_worker(
     let (report_read, report_write) =
         sys::cloexec_pipe().map_err(parent("create the report pipe"))?;
 
-    let argv_strings = [
+    let argv = [
         CString::new("airlock-worker"),
         CString::new(WORKER_SOCKET_ARG_NAME),
         CString::new(worker_end.as_raw_fd().to_string()),
@@ -327,34 +497,35 @@ fn spawn_worker(
         operation: "build the worker argv",
         source: io::Error::other(e),
     })?;
-    let argv = sys::pointer_array(&argv_strings);
-    let envp = sys::pointer_array(&[]);
-    let join: Vec<RawFd> = request
-        .join_cgroups
-        .iter()
-        .map(AsRawFd::as_raw_fd)
-        .collect();
-    let plan = ChildPlan {
-        image: image.raw(),
-        argv: &argv,
-        envp: &envp,
-        join_cgroups: &join,
-        maps_written: maps_read.as_raw_fd(),
-        stdio: [
+    let memory = ChildMemory::new(
+        image.raw(),
+        argv,
+        request
+            .join_cgroups
+            .iter()
+            .map(AsRawFd::as_raw_fd)
+            .collect(),
+        maps_read.as_raw_fd(),
+        [
             request.stdio[0].as_raw_fd(),
             request.stdio[1].as_raw_fd(),
             request.stdio[2].as_raw_fd(),
         ],
-        socket: worker_end.as_raw_fd(),
-        report: report_write.as_raw_fd(),
-    };
+        worker_end.as_raw_fd(),
+        report_write.as_raw_fd(),
+    );
+    let stack = children
+        .stack()
+        .map_err(parent("map a stack for the worker's child"))?;
     let clone_started = std::time::Instant::now();
-    let cloned = sys::clone_worker(
-        &plan,
+    let (cloned, in_flight) = sys::clone_worker(
+        memory,
+        stack,
         request.cgroup_dir.as_ref().map(AsRawFd::as_raw_fd),
-        request.new_network_namespace,
+        request.network == WorkerNetwork::Fresh,
     )
     .map_err(|source| SpawnError::Clone { source })?;
+    children.running.push(in_flight);
     drop(worker_end);
     drop(maps_read);
     drop(report_write);

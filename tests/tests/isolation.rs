@@ -154,6 +154,21 @@ fn network_has_no_interface_but_a_down_loopback() {
 }
 
 #[test]
+fn tools_start_with_no_signal_blocked_or_ignored() {
+    if !sandbox_available() {
+        return;
+    }
+    // The spawner clones workers with every signal blocked; the worker must undo that
+    // before any tool exists, or `kill -TERM` and Ctrl-C would be ignored by tools.
+    let result = sh("grep -E '^Sig(Blk|Ign)' /proc/self/status");
+    assert_eq!(
+        stdout_of(&result),
+        "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n",
+        "{result}"
+    );
+}
+
+#[test]
 fn hostname_is_the_sandboxes() {
     if !sandbox_available() {
         return;

@@ -91,3 +91,176 @@ fn host_network_is_narrowed_to_the_allowed_tcp_ports() {
             .any(|n| n == "net")
     );
 }
+
+/// The landlock ABI of this kernel (0 without Landlock).
+fn landlock_abi() -> i64 {
+    airlock_worker::sys::landlock_abi_version().map_or(0, i64::from)
+}
+
+fn neighbours_policy(probe: &Path, shared_dir: &Path) -> String {
+    let tool = |name: &str, args: &[&str]| {
+        let fields: Vec<&str> = args
+            .iter()
+            .filter_map(|a| a.strip_prefix('{').and_then(|a| a.strip_suffix('}')))
+            .collect();
+        let command: Vec<String> = std::iter::once(probe.display().to_string())
+            .chain(args.iter().map(|a| a.to_string()))
+            .map(|a| format!("{a:?}"))
+            .collect();
+        let properties: Vec<String> = fields
+            .iter()
+            .map(|f| format!("{f} = {{ type = \"string\" }}"))
+            .collect();
+        let required: Vec<String> = fields.iter().map(|f| format!("{f:?}")).collect();
+        format!(
+            "[tools.{name}]\ndescription = \"probe\"\ncommand = [{}]\nside_effect = \"read\"\ninput = {{ type = \"object\", properties = {{ {} }}, required = [{}] }}\n",
+            command.join(", "),
+            properties.join(", "),
+            required.join(", ")
+        )
+    };
+    format!(
+        r#"version = 1
+[profiles.default]
+read = ["/usr", {probe_dir:?}]
+read_optional = ["/bin", "/lib", "/lib64", "/etc/ld.so.cache"]
+write = [{shared:?}]
+tmpfs = {{ "/tmp" = "16MiB" }}
+network = "none"
+limits = {{ timeout = "60s" }}
+
+{listen}
+{connect}
+{pair}"#,
+        probe_dir = probe.parent().unwrap().display().to_string(),
+        shared = shared_dir.display().to_string(),
+        listen = tool("listen", &["listen-abstract", "{name}", "{ready}", "{ms}"]),
+        connect = tool("connect", &["connect-abstract", "{name}"]),
+        pair = tool("pair", &["abstract-pair", "{name}"]),
+    )
+}
+
+/// The network namespace strategy (DESIGN §2, pool): with Landlock ABI 6 a root supervisor
+/// gives every `network = "none"` worker one shared, empty network namespace instead of
+/// creating one per worker. Two workers of one supervisor, running at the same time, must
+/// still be unable to reach each other: here through an abstract unix socket (the only
+/// socket family the filter leaves, and netns-scoped); IP sockets are refused outright,
+/// which `escape` checks. Holds on every kernel of the matrix: where sharing would not be
+/// safe (no ABI 6) each worker has its own namespace, and this says which one ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
+    use std::sync::Arc;
+
+    use airlock::{CallOptions, Gate, Supervisor, SupervisorOptions, ToolCall};
+
+    if !sandbox_available() {
+        return;
+    }
+    let scratch = Scratch::new("net-neighbours");
+    let shared_dir = scratch.0.join("shared");
+    std::fs::create_dir(&shared_dir).unwrap();
+    // The sandbox root (65534 when we are root) must be able to create the ready file.
+    std::fs::set_permissions(
+        &shared_dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let probe = airlock_tests::fixture_bin("airlock-probe");
+    let policy =
+        airlock_policy::load_policy_str(&neighbours_policy(&probe, &shared_dir), "neighbours.toml")
+            .unwrap()
+            .policy;
+    let supervisor = Arc::new(
+        Supervisor::start(SupervisorOptions {
+            worker_program: Some((airlock_tests::airlock_bin(), Vec::new())),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let gate = Arc::new(Gate::new(Arc::clone(&supervisor), policy));
+    let name = format!("airlock-neighbour-{}", std::process::id());
+    let ready_file = shared_dir.join("ready");
+    let call = |id: &str, tool: &str, arguments: serde_json::Value| ToolCall {
+        call_id: id.into(),
+        tool: tool.into(),
+        arguments: arguments.to_string(),
+    };
+
+    // Control: inside one sandbox the listener and the client do reach each other.
+    let pair = gate
+        .call(
+            &call(
+                "pair",
+                "pair",
+                serde_json::json!({ "name": format!("{name}-pair") }),
+            ),
+            &CallOptions::default(),
+        )
+        .await;
+    assert_eq!(pair.stdout, "ok\n", "{pair:?}");
+
+    let listen = {
+        let gate = Arc::clone(&gate);
+        let arguments = serde_json::json!({
+            "name": name,
+            "ready": ready_file.display().to_string(),
+            "ms": "3000",
+        });
+        tokio::spawn(async move {
+            gate.call(
+                &call("listen", "listen", arguments),
+                &CallOptions::default(),
+            )
+            .await
+        })
+    };
+    let waited = std::time::Instant::now();
+    while !ready_file.exists() {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(50),
+            "the listener never got ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let connect = gate
+        .call(
+            &call("connect", "connect", serde_json::json!({ "name": name })),
+            &CallOptions::default(),
+        )
+        .await;
+    let listen = listen.await.unwrap();
+    assert!(connect.ok, "{connect:?}");
+    assert!(listen.ok, "{listen:?}");
+
+    let shared = listen
+        .isolation
+        .namespaces
+        .iter()
+        .any(|n| n == "net:shared");
+    assert_eq!(
+        shared,
+        connect
+            .isolation
+            .namespaces
+            .iter()
+            .any(|n| n == "net:shared")
+    );
+    // Root with scoping available shares; otherwise every worker has its own namespace.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert_eq!(shared, root && landlock_abi() >= 6, "{listen:?}");
+
+    let (outcome, listener_netns) = listen.stdout.trim().split_once(' ').unwrap();
+    assert_eq!(outcome, "nobody", "{listen:?}");
+    let host_netns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_ne!(listener_netns, host_netns.display().to_string());
+    if shared {
+        // Same namespace, so the abstract name is visible: Landlock's scoping refuses the
+        // connection (EPERM).
+        assert_eq!(connect.stdout, "errno=1\n", "{connect:?}");
+    } else {
+        // Different namespaces: the name does not exist there (ECONNREFUSED).
+        assert_eq!(connect.stdout, "errno=111\n", "{connect:?}");
+    }
+    supervisor.close().await;
+}

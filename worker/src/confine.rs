@@ -201,6 +201,20 @@ pub fn confine_worker(
     })?;
 
     timings.mark("landlock");
+    // A network namespace shared with other workers connects nobody only while abstract
+    // unix sockets are scoped to each worker's Landlock domain (ABI 6): the supervisor
+    // shares one only then, and this is the check that holds it to that.
+    if spec.network == NetworkMode::NoneShared && (landlock.abi < 6 || !landlock.fully_enforced) {
+        return Err(ConfineError {
+            step: "landlock",
+            message: format!(
+                "a shared network namespace needs Landlock ABI 6, fully enforced, to scope abstract unix sockets; this kernel has ABI {}",
+                landlock.abi
+            ),
+            errno: None,
+            feature_missing: true,
+        });
+    }
     // On the host network, abstract unix sockets of host daemons are reachable unless
     // Landlock scopes them (ABI 6, Linux 6.12); TCP is narrowed by the port rules.
     if spec.network == NetworkMode::Host
@@ -239,12 +253,25 @@ pub fn confine_worker(
         }
     };
 
+    // ...and while no socket but AF_UNIX can be made: the filter is what says so.
+    if spec.network == NetworkMode::NoneShared && !seccomp_installed {
+        return Err(ConfineError {
+            step: "seccomp",
+            message: "a shared network namespace needs the seccomp filter (AF_UNIX only)".into(),
+            errno: None,
+            feature_missing: true,
+        });
+    }
+
     timings.mark("seccomp");
     Ok(AppliedIsolation {
         namespaces: NAMESPACES
             .iter()
-            .filter(|ns| spec.network != NetworkMode::Host || **ns != "net")
-            .map(|s| s.to_string())
+            .filter_map(|ns| match (spec.network, *ns) {
+                (NetworkMode::Host, "net") => None,
+                (NetworkMode::NoneShared, "net") => Some("net:shared".to_string()),
+                _ => Some(ns.to_string()),
+            })
             .collect(),
         landlock_abi: landlock.abi,
         landlock_fully_enforced: landlock.fully_enforced,

@@ -83,6 +83,7 @@ fn exec_tool_in_child(
             }
         }
     }
+    sys::restore_default_signals_for_tool();
     // A new session: the tool has no controlling terminal and its own process group.
     if let Err(e) = nix::unistd::setsid() {
         fail(e as i32);

@@ -37,6 +37,14 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
     if fd < 3 {
         return exit_code::USAGE;
     }
+    // The supervisor's spawner clones us with every signal blocked (no handler may run
+    // between its clone and our exec); we and the tools we start begin with none blocked.
+    let _ = nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&nix::sys::signal::SigSet::empty()),
+        None,
+    );
+    crate::sys::reset_signal_dispositions();
     let owned: OwnedFd = match crate::sys::adopt_descriptor(fd) {
         Ok(owned) => owned,
         Err(_) => return exit_code::USAGE,

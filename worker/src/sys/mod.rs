@@ -275,3 +275,64 @@ pub fn ignore_file_size_signal() {
     // SAFETY: SIG_IGN installs no handler code; the worker is single-threaded.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
+
+/// Puts every signal back to its default action, except SIGPIPE, which the worker ignores
+/// (a tool that exits without reading its stdin must not kill the worker writing it). The
+/// worker inherits the supervisor's dispositions across exec wherever they are "ignore",
+/// including glibc's reserved signals 32 and 33, which glibc's `signal` refuses to touch:
+/// so the raw syscall.
+pub fn reset_signal_dispositions() {
+    for signal in 1..=libc::SIGRTMAX() {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        set_disposition_raw(signal, signal == libc::SIGPIPE);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn set_disposition_raw(signal: libc::c_int, ignore: bool) {
+    /// The kernel's `struct sigaction` on x86_64 (not glibc's).
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
+    let action = KernelSigaction {
+        // SIG_DFL is 0, SIG_IGN 1: no handler code is installed.
+        handler: usize::from(ignore),
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    // SAFETY: `action` is a valid kernel sigaction for the call, no old action is asked
+    // for, the mask size is the kernel's (8 bytes); the worker is single-threaded.
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            signal,
+            &action as *const KernelSigaction,
+            std::ptr::null::<KernelSigaction>(),
+            8usize,
+        )
+    };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn set_disposition_raw(signal: libc::c_int, ignore: bool) {
+    let action = if ignore { libc::SIG_IGN } else { libc::SIG_DFL };
+    // SAFETY: SIG_DFL/SIG_IGN install no handler code; the worker is single-threaded.
+    // (glibc refuses its reserved signals here; they keep their state.)
+    unsafe { libc::signal(signal, action) };
+}
+
+/// In a forked tool child: the signals the worker ignores for itself go back to their
+/// default, since exec would keep them ignored for the tool.
+pub fn restore_default_signals_for_tool() {
+    for signal in [libc::SIGPIPE, libc::SIGXFSZ] {
+        // SAFETY: SIG_DFL installs no handler code; the child is single-threaded.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
+    }
+}

@@ -1,0 +1,216 @@
+//! The supervisor's raw syscalls: the sealed worker image, clone3 into fresh namespaces
+//! ([`clone`]), pidfds. Every `unsafe` block of the supervisor is here, with its invariant.
+
+mod clone;
+
+pub use clone::{
+    CHILD_STEPS, ChildMemory, ChildStack, InFlightChild, block_all_signals_in_this_thread,
+    clone_worker,
+};
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn check_int(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// Creates an anonymous, sealable, close-on-exec memory file that may be executed.
+pub fn create_executable_memfd(name: &CStr) -> io::Result<OwnedFd> {
+    const MFD_EXEC: libc::c_uint = 0x0010;
+    let base = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: `name` is a valid NUL-terminated string for the duration of the call.
+    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), base | MFD_EXEC) };
+    if fd < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
+        // Kernels before 6.3 do not know MFD_EXEC; their memfds are executable anyway.
+        // SAFETY: as above.
+        fd = unsafe { libc::memfd_create(name.as_ptr(), base) };
+    }
+    let fd = check_int(fd)?;
+    // SAFETY: memfd_create returned a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Seals a memfd against every further change (shrink, grow, write, and re-sealing).
+pub fn seal_memfd(fd: &OwnedFd) -> io::Result<()> {
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
+    // SAFETY: F_ADD_SEALS only changes the seals of a descriptor we own.
+    check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }).map(drop)
+}
+
+/// The seals currently on a memfd.
+pub fn memfd_seals(fd: &OwnedFd) -> io::Result<i32> {
+    // SAFETY: F_GET_SEALS only reads.
+    check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })
+}
+
+/// Makes this process a child subreaper, so orphans of workers come back to us, not init.
+pub fn become_child_subreaper() -> io::Result<()> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)
+}
+
+/// The kernel's Landlock ABI version (error if Landlock is absent or disabled).
+pub fn landlock_abi_version() -> io::Result<i64> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_long = 1;
+    // SAFETY: with a NULL attribute pointer, size 0 and the VERSION flag the kernel reads no
+    // memory and only returns the ABI number.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    })
+}
+
+/// Moves the calling thread (only) into a new, empty network namespace. Needs
+/// CAP_SYS_ADMIN; threads of a process may each have their own network namespace.
+pub fn unshare_network_namespace() -> io::Result<()> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)
+}
+
+/// Sends a signal through a pidfd (never to a recycled pid).
+pub fn signal_pidfd(pidfd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: pidfd_send_signal with a NULL siginfo reads no memory.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    match check(ret) {
+        // ESRCH: already exited; that is what we wanted.
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// How a process ended, from waitid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Exit code.
+    Exited(i32),
+    /// Signal.
+    Killed(i32),
+}
+
+/// Reaps the process behind a pidfd if it has ended (`Ok(None)` if it still runs).
+pub fn try_reap_pidfd(pidfd: &OwnedFd) -> io::Result<Option<Ended>> {
+    // SAFETY: siginfo_t is plain old data; zero is valid.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid out-pointer; P_PIDFD takes the descriptor number as id.
+    let ret = unsafe {
+        libc::waitid(
+            libc::P_PIDFD,
+            pidfd.as_raw_fd() as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG,
+        )
+    };
+    check_int(ret)?;
+    // SAFETY: after a successful waitid these union fields are initialised (pid 0 = none).
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    Ok(Some(if info.si_code == libc::CLD_EXITED {
+        Ended::Exited(status)
+    } else {
+        Ended::Killed(status)
+    }))
+}
+
+/// Builds a NULL-terminated pointer array over CStrings (which must outlive its use).
+pub fn pointer_array(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+/// A socketpair of close-on-exec stream sockets.
+pub fn stream_socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    check_int(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: socketpair returned two fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A close-on-exec pipe: (read end, write end).
+pub fn cloexec_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid out-array of two ints.
+    check_int(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: pipe2 returned two fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The effective uid and gid of this process.
+pub fn effective_ids() -> (u32, u32) {
+    (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    )
+}
+
+/// Registers a descriptor (a pidfd) with tokio's reactor for readiness.
+pub fn register_async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd stays open and keeps the same number until the AsyncFd (its owner
+    // from now on) drops it, which is the contract register_with_interest requires.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)
+}
+
+/// A one-shot `CLOCK_MONOTONIC` timer descriptor that becomes readable `after` from now.
+pub fn oneshot_timerfd(after: std::time::Duration) -> io::Result<OwnedFd> {
+    // SAFETY: timerfd_create takes a clock id and flags and returns a new descriptor.
+    let fd = check_int(unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    })?;
+    // SAFETY: the descriptor was just created for us and nobody else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // An all-zero it_value would disarm the timer instead of firing at once.
+    let after = after.max(std::time::Duration::from_nanos(1));
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(after.subsec_nanos()),
+        },
+    };
+    // SAFETY: `spec` is valid for reads during the call; a NULL old-value pointer is allowed.
+    check_int(unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) })?;
+    Ok(fd)
+}
