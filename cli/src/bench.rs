@@ -7,7 +7,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock::{CallOptions, Gate, SandboxRun, Supervisor, SupervisorOptions, ToolCall};
+use airlock::{
+    CallOptions, Gate, NetworkNamespaces, SandboxRun, Supervisor, SupervisorOptions, ToolCall,
+};
 use airlock_policy::{CompiledPolicy, load_policy_str};
 use serde::Serialize;
 
@@ -273,6 +275,12 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         .build()?;
     let report = runtime.block_on(async {
         let cold = Supervisor::start(SupervisorOptions::default())?;
+        // The network namespace strategy, measured: the same cold call with a fresh network
+        // namespace per worker (the default shares one empty namespace where that is safe).
+        let cold_own_net = Supervisor::start(SupervisorOptions {
+            network_namespaces: NetworkNamespaces::PerWorker,
+            ..SupervisorOptions::default()
+        })?;
         let pooled = Arc::new(Supervisor::start(SupervisorOptions::default())?);
         let profile = Arc::clone(&policy.profiles["default"]);
         pooled.keep_warm(Arc::clone(&profile), 2);
@@ -301,6 +309,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             "airlock cold call (in supervisor)",
             "airlock warm pooled call",
             "airlock built-in tool call (pooled)",
+            "airlock cold call, netns per worker",
         ];
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         let builtin_call = ToolCall {
@@ -345,11 +354,20 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                             samples[4].push(started.elapsed().as_secs_f64() * 1000.0);
                         }
                     }
-                    _ => {
+                    5 => {
                         wait_pool(2).await;
                         let started = Instant::now();
                         if gate.call(&builtin_call, &CallOptions::default()).await.ok {
                             samples[5].push(started.elapsed().as_secs_f64() * 1000.0);
+                        }
+                    }
+                    _ => {
+                        while cold_own_net.calls_in_flight() > 0 {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                        let started = Instant::now();
+                        if cold_own_net.run(true_run(&policy), None).await.ok {
+                            samples[6].push(started.elapsed().as_secs_f64() * 1000.0);
                         }
                     }
                 }
@@ -425,6 +443,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         drop(gate);
         pooled.close().await;
         cold.close().await;
+        cold_own_net.close().await;
         let rss_idle = rss_kib("self");
         let rss_file = status_kib("self", "RssFile:");
         let rss_anon = status_kib("self", "RssAnon:");

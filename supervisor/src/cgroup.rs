@@ -422,14 +422,25 @@ impl WorkerCgroup {
         self.dirs.iter().map(|(_, dir)| dir.as_path()).collect()
     }
 
-    /// Opens every cgroup.procs file O_WRONLY|O_CLOEXEC (v1: one per hierarchy; v2: one).
-    /// The supervisor opens them before forking; the child joins by writing "0" to each,
-    /// which is cheap, whereas a parent writing the pid into v1 `tasks` costs ~11 ms here.
-    pub fn open_procs_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
+    /// Opens the files a freshly cloned, single-threaded child writes "0" into to join the
+    /// worker's cgroups, O_WRONLY|O_CLOEXEC, before the clone: on v1 each hierarchy's
+    /// `tasks` file, on v2 `cgroup.procs` (used only where CLONE_INTO_CGROUP is not).
+    ///
+    /// Why `tasks` on v1: writing to `cgroup.procs`, or any pid but "0", migrates a whole
+    /// thread group under the global `cgroup_threadgroup_rwsem`, whose write side waits for
+    /// an RCU grace period (5-16 ms here, 27 ms cold); moving only the calling thread ("0"
+    /// into `tasks`) skips that lock where the kernel knows it may (`cgroup_procs_write_start`;
+    /// 6.18 here) and takes about 20 µs. For a child with one thread, moving the thread moves
+    /// the process; older kernels take the lock anyway, which is only slower.
+    pub fn open_join_files(&self) -> Result<Vec<OwnedFd>, CgroupError> {
         self.dirs
             .iter()
-            .map(|(_, dir)| {
-                let path = dir.join("cgroup.procs");
+            .map(|(kind, dir)| {
+                let file = match kind {
+                    Controller::Unified => "cgroup.procs",
+                    Controller::Memory | Controller::Pids | Controller::Cpu => "tasks",
+                };
+                let path = dir.join(file);
                 OpenOptions::new()
                     .write(true)
                     .custom_flags(libc::O_CLOEXEC)
@@ -1232,6 +1243,7 @@ mod tests {
             ],
             Controller::Memory => &[
                 ("cgroup.procs", ""),
+                ("tasks", ""),
                 ("memory.limit_in_bytes", "9223372036854771712\n"),
                 ("memory.memsw.limit_in_bytes", "9223372036854771712\n"),
                 ("memory.swappiness", "60\n"),
@@ -1245,11 +1257,13 @@ mod tests {
             ],
             Controller::Pids => &[
                 ("cgroup.procs", ""),
+                ("tasks", ""),
                 ("pids.max", "max\n"),
                 ("pids.events", "max 0\n"),
             ],
             Controller::Cpu => &[
                 ("cgroup.procs", ""),
+                ("tasks", ""),
                 ("cpu.cfs_period_us", "100000\n"),
                 ("cpu.cfs_quota_us", "-1\n"),
             ],
@@ -1929,7 +1943,7 @@ mod tests {
     }
 
     #[test]
-    fn open_procs_files_gives_one_fd_per_hierarchy_and_dir_fd_only_on_v2() {
+    fn open_join_files_gives_one_fd_per_hierarchy_and_dir_fd_only_on_v2() {
         let tree = hybrid_tree();
         let parent = detect_fake(
             &tree,
@@ -1939,7 +1953,7 @@ mod tests {
         )
         .unwrap();
         let worker = parent.create_worker_cgroup("w", &limits()).unwrap();
-        assert_eq!(worker.open_procs_files().unwrap().len(), 3);
+        assert_eq!(worker.open_join_files().unwrap().len(), 3);
         assert!(worker.open_dir_v2().unwrap().is_none());
 
         let tree = v2_tree();
@@ -1951,7 +1965,7 @@ mod tests {
         )
         .unwrap();
         let worker = parent.create_worker_cgroup("w", &limits()).unwrap();
-        assert_eq!(worker.open_procs_files().unwrap().len(), 1);
+        assert_eq!(worker.open_join_files().unwrap().len(), 1);
         assert!(worker.open_dir_v2().unwrap().is_some());
     }
 

@@ -563,7 +563,7 @@ impl Supervisor {
                 let procs = if dir.is_some() {
                     Vec::new()
                 } else {
-                    cg.open_procs_files().map_err(|e| {
+                    cg.open_join_files().map_err(|e| {
                         PrepareError::Rejected(unavailable("cgroup", error_chain(&e)))
                     })?
                 };

@@ -156,7 +156,8 @@ impl IdMapping {
 pub struct SpawnRequest {
     /// Descriptors that become the worker's 0, 1, 2.
     pub stdio: [OwnedFd; 3],
-    /// cgroup.procs files the child writes itself into (v1).
+    /// Files the child writes "0" into to join its cgroups (v1 `tasks`; see
+    /// [`crate::cgroup::WorkerCgroup::open_join_files`]).
     pub join_cgroups: Vec<OwnedFd>,
     /// v2 cgroup directory for CLONE_INTO_CGROUP.
     pub cgroup_dir: Option<OwnedFd>,

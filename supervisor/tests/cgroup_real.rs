@@ -39,10 +39,11 @@ fn unique_name() -> String {
     )
 }
 
-/// Spawns `argv` in `worker`: the child writes "0" to each pre-opened cgroup.procs fd
-/// between fork and exec, which moves itself (the whole process) into the cgroup.
+/// Spawns `argv` in `worker`: the child writes "0" to each pre-opened join file (v1
+/// `tasks`, v2 `cgroup.procs`) between fork and exec, which moves itself (its one thread,
+/// so the whole process) into the cgroup.
 fn spawn_in_cgroup(worker: &WorkerCgroup, argv: &[&str]) -> Child {
-    let procs = worker.open_procs_files().unwrap();
+    let procs = worker.open_join_files().unwrap();
     let fds: Vec<RawFd> = procs.iter().map(AsRawFd::as_raw_fd).collect();
     let mut command = Command::new(argv[0]);
     command
@@ -52,7 +53,7 @@ fn spawn_in_cgroup(worker: &WorkerCgroup, argv: &[&str]) -> Child {
         .stderr(Stdio::null());
     let join = move || -> io::Result<()> {
         for &fd in &fds {
-            // SAFETY: fd is a cgroup.procs file kept open by `procs` until spawn returns; the
+            // SAFETY: fd is a cgroup join file kept open by `procs` until spawn returns; the
             // buffer is a 1-byte static.
             let written = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
             if written != 1 {

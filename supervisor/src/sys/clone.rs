@@ -49,7 +49,7 @@ pub struct ChildMemory {
     envp: Vec<*const c_char>,
     /// The sealed worker image.
     image: RawFd,
-    /// cgroup.procs files to write "0" into (v1: join our own cgroups).
+    /// cgroup files to write "0" into (v1 `tasks`: joins this thread, the only one).
     join_cgroups: Vec<RawFd>,
     /// Read end of the handshake pipe: one byte arrives once uid/gid maps are written.
     maps_written: RawFd,
