@@ -61,6 +61,40 @@ fn resolve_executable(program: &str, spec: &SandboxSpec) -> String {
     program.to_string()
 }
 
+/// In the vfork'd child (sharing the worker's memory until exec): wire stdio, start a
+/// session, exec — syscalls on prepared data only. Returns only the exit code of a failure
+/// it already reported on `error_pipe` and exited with.
+fn exec_prepared_tool(
+    program: &std::ffi::CStr,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+    cwd: &std::ffi::CStr,
+    stdio: Option<[RawFd; 3]>,
+    error_pipe: RawFd,
+) -> i32 {
+    let fail = |error: std::io::Error| -> i32 {
+        let bytes = error.raw_os_error().unwrap_or(libc::EIO).to_ne_bytes();
+        let _ = sys::write_raw(error_pipe, &bytes);
+        sys::exit_immediately(127)
+    };
+    if let Some(fds) = stdio {
+        for (target, fd) in fds.iter().enumerate() {
+            if let Err(e) = sys::duplicate_onto(*fd, target as RawFd) {
+                return fail(e);
+            }
+        }
+    }
+    sys::restore_default_signals_for_tool();
+    // A new session: the tool has no controlling terminal and its own process group.
+    if let Err(e) = sys::new_session() {
+        return fail(e);
+    }
+    if let Err(e) = sys::change_directory(cwd) {
+        return fail(e);
+    }
+    fail(sys::execute_prepared(program, argv, envp))
+}
+
 /// In the forked child: wire stdio, start a session, exec. Never returns.
 fn exec_tool_in_child(
     spec: &SandboxSpec,
@@ -200,17 +234,36 @@ fn run_tool_inner(
         ]
     });
 
-    let pid = match sys::fork_single_threaded().map_err(os_error("fork"))? {
-        Forked::Child => exec_tool_in_child(
-            spec,
-            &program,
-            &argv,
-            &envp,
-            child_stdio,
-            error_write.as_raw_fd(),
-            builtin,
-        ),
-        Forked::Parent(pid) => pid,
+    let pid = if builtin.is_some() {
+        // The bash built-in decides in the child what to exec (and allocates): a real fork.
+        match sys::fork_single_threaded().map_err(os_error("fork"))? {
+            Forked::Child => exec_tool_in_child(
+                spec,
+                &program,
+                &argv,
+                &envp,
+                child_stdio,
+                error_write.as_raw_fd(),
+                builtin,
+            ),
+            Forked::Parent(pid) => pid,
+        }
+    } else {
+        let cwd = cstring(&spec.cwd).ok_or(("cwd contains NUL".to_string(), None))?;
+        let argv_ptrs = sys::pointer_array(&argv);
+        let envp_ptrs = sys::pointer_array(&envp);
+        let error_pipe = error_write.as_raw_fd();
+        let mut child = || -> i32 {
+            exec_prepared_tool(
+                &program,
+                &argv_ptrs,
+                &envp_ptrs,
+                &cwd,
+                child_stdio,
+                error_pipe,
+            )
+        };
+        sys::spawn_vfork(&mut child).map_err(os_error("spawn"))?
     };
     drop(error_write);
     timings.mark("fork");

@@ -4,8 +4,8 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use airlock_protocol::{
-    LogLevel, LogRecord, PROTOCOL_VERSION, SandboxSpec, SupervisorMessage, WorkerMessage,
-    read_frame, write_frame,
+    ExitStatus, LogLevel, LogRecord, PROTOCOL_VERSION, SandboxSpec, SupervisorMessage, ToolExit,
+    WorkerMessage, read_frame, write_frame,
 };
 
 use crate::confine::{StepTimings, confine_worker};
@@ -29,6 +29,51 @@ fn send(stream: &mut UnixStream, message: &WorkerMessage) -> bool {
 
 fn receive(stream: &mut UnixStream) -> Option<SupervisorMessage> {
     read_frame(stream).ok().flatten()
+}
+
+/// Until the call arrives, runs once the code a call will need: a fresh process's first
+/// pass through a built-in or the report's encoder faults in its code and data (a first
+/// `read_file` took 140-190 µs here, the next one 11-14 µs). A pooled worker waits long
+/// enough to finish; a cold one stops as soon as its call is waiting. Reads only, into
+/// buffers that are dropped: nothing of it reaches the tool or the supervisor.
+fn rehearse_while_idle(stream: &UnixStream) {
+    use std::os::fd::AsRawFd;
+    let idle = || {
+        let mut fds = [libc::pollfd {
+            fd: stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        matches!(crate::sys::poll_descriptors(&mut fds, 0), Ok(0))
+    };
+    for (name, arguments) in [
+        (
+            "read_file",
+            r#"{"path": "/proc/self/stat", "max_bytes": 64}"#,
+        ),
+        ("list_dir", r#"{"path": "/"}"#),
+    ] {
+        if !idle() {
+            return;
+        }
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let _ = crate::builtin::plan_builtin_with(name, arguments, &mut out, &mut err);
+    }
+    if idle() {
+        let mut sink = Vec::new();
+        let _ = write_frame(
+            &mut sink,
+            &WorkerMessage::Exited(ToolExit {
+                status: ExitStatus::Code(0),
+                stdout: b"rehearsal".to_vec(),
+                stderr: Vec::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                user_cpu_us: 0,
+                system_cpu_us: 0,
+            }),
+        );
+    }
 }
 
 /// Runs the worker on the protocol socket `fd` (inherited from the supervisor's spawn).
@@ -78,6 +123,7 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
             if !send(&mut stream, &WorkerMessage::Ready(applied)) {
                 return exit_code::PROTOCOL;
             }
+            rehearse_while_idle(&stream);
         }
         Err(error) => {
             let _ = send(&mut stream, &WorkerMessage::SetupFailed(error.into()));

@@ -3,7 +3,7 @@
 //! Every `unsafe` block of the worker lives here, each returning `io::Result` and carrying a
 //! `// SAFETY:` comment naming its invariant. Callers above this module are safe Rust.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
@@ -126,6 +126,76 @@ pub fn fork_single_threaded() -> io::Result<Forked> {
     } else {
         Forked::Parent(pid)
     })
+}
+
+/// Starts `child` in a new process that shares this one's memory and runs on a stack of its
+/// own, with this process suspended until the child execs or exits (CLONE_VM|CLONE_VFORK,
+/// what posix_spawn does): no page tables are copied and nothing is copy-on-write
+/// afterwards (a fork of the worker took 0.15-0.3 ms). `child` must only make syscalls on
+/// data prepared before the call — no allocation — and end in exec or `_exit`.
+pub fn spawn_vfork<F: FnMut() -> i32>(child: &mut F) -> io::Result<libc::pid_t> {
+    extern "C" fn trampoline<F: FnMut() -> i32>(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `&mut F` passed to clone below, alive while the parent is
+        // suspended (CLONE_VFORK) in spawn_vfork's frame.
+        let child = unsafe { &mut *arg.cast::<F>() };
+        child()
+    }
+    let mut stack = vec![0u8; 64 << 10];
+    // The stack grows down from its end, 16-byte aligned as the ABI wants at a call.
+    let top = {
+        let end = stack.as_mut_ptr().wrapping_add(stack.len());
+        end.wrapping_sub(end as usize % 16)
+    };
+    // SAFETY: `top` is the aligned end of a live buffer only the child uses; the parent is
+    // suspended until the child execs or exits, so `stack` and `child` outlive its use of
+    // them, and the worker is single-threaded, so no other thread touches shared memory.
+    let pid = unsafe {
+        libc::clone(
+            trampoline::<F>,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (child as *mut F).cast(),
+        )
+    };
+    drop(stack);
+    check_int(pid)
+}
+
+/// Changes directory without allocating (for a [`spawn_vfork`] child).
+pub fn change_directory(path: &CStr) -> io::Result<()> {
+    // SAFETY: `path` is NUL-terminated and lives for the call.
+    check_int(unsafe { libc::chdir(path.as_ptr()) }).map(drop)
+}
+
+/// Starts a new session without allocating (for a [`spawn_vfork`] child).
+pub fn new_session() -> io::Result<()> {
+    // SAFETY: setsid takes no arguments.
+    check_int(unsafe { libc::setsid() }).map(drop)
+}
+
+/// NULL-terminated pointers to `strings`, for exec; valid while `strings` lives.
+pub fn pointer_array(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+/// Executes `path` with prepared NULL-terminated `argv` and `envp` ([`pointer_array`]) without
+/// allocating; returns only on failure.
+pub fn execute_prepared(
+    path: &CStr,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> io::Error {
+    if argv.last().is_none_or(|p| !p.is_null()) || envp.last().is_none_or(|p| !p.is_null()) {
+        return io::Error::from_raw_os_error(libc::EINVAL);
+    }
+    // SAFETY: both arrays are NULL-terminated (checked above) and point to NUL-terminated
+    // strings the caller keeps alive for the call.
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    io::Error::last_os_error()
 }
 
 /// Duplicates `old` onto `new` (clearing close-on-exec on `new`).
