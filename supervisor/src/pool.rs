@@ -60,7 +60,10 @@ impl<W> Pool<W> {
         Arc::clone(&slot.notify)
     }
 
-    /// Takes an idle worker for `key`, if any, and wakes the replenisher.
+    /// Takes an idle worker for `key`, if any. Wakes the replenisher only if that emptied
+    /// the pool; otherwise the caller does, with [`Pool::replenish`], once its call has
+    /// answered, so that making the next worker (a few ms of CPU) does not compete with the
+    /// call for the cores.
     pub fn take(&self, key: &str) -> Option<W> {
         let Ok(mut slots) = self.slots.lock() else {
             return None;
@@ -69,9 +72,20 @@ impl<W> Pool<W> {
         let worker = slot.idle.pop();
         if worker.is_some() {
             self.hits.fetch_add(1, Ordering::Relaxed);
-            slot.notify.notify_one();
+            if slot.idle.is_empty() {
+                slot.notify.notify_one();
+            }
         }
         worker
+    }
+
+    /// Wakes the replenisher of `key` (if it is pooled).
+    pub fn replenish(&self, key: &str) {
+        if let Ok(slots) = self.slots.lock()
+            && let Some(slot) = slots.get(key)
+        {
+            slot.notify.notify_one();
+        }
     }
 
     /// Adds an idle worker for `key`.

@@ -111,6 +111,18 @@ fn pool_key(profile: &CompiledProfile) -> String {
     )
 }
 
+/// Wakes a pool's replenisher when dropped: at the end of the call that took a worker.
+struct ReplenishOnDrop<'a> {
+    pool: &'a Pool<ReadyWorker>,
+    key: &'a str,
+}
+
+impl Drop for ReplenishOnDrop<'_> {
+    fn drop(&mut self) {
+        self.pool.replenish(self.key);
+    }
+}
+
 /// Counts a call as active until dropped (however the call ends).
 struct ActiveCall(Arc<std::sync::atomic::AtomicUsize>);
 
@@ -355,11 +367,17 @@ impl Supervisor {
         let deadline = tokio::time::Instant::from_std(started + run.timeout);
 
         // Pooled workers have /dev/null stdio, so only captured runs can use them.
+        let key = pool_key(&profile);
         let pooled = if run.inherit_stdio.is_none() {
-            self.pool.take(&pool_key(&profile))
+            self.pool.take(&key)
         } else {
             None
         };
+        // Replenish once this call has answered (however it ends).
+        let _replenish = pooled.is_some().then(|| ReplenishOnDrop {
+            pool: &self.pool,
+            key: &key,
+        });
         let worker = match pooled {
             Some(worker) => Ok(worker),
             None => {
