@@ -131,12 +131,14 @@ limits = {{ timeout = "60s" }}
 
 {listen}
 {connect}
-{pair}"#,
+{pair}
+{tcp}"#,
         probe_dir = probe.parent().unwrap().display().to_string(),
         shared = shared_dir.display().to_string(),
         listen = tool("listen", &["listen-abstract", "{name}", "{ready}", "{ms}"]),
         connect = tool("connect", &["connect-abstract", "{name}"]),
         pair = tool("pair", &["abstract-pair", "{name}"]),
+        tcp = tool("tcp", &["connect-tcp", "{addr}"]),
     )
 }
 
@@ -262,5 +264,14 @@ async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
         // Different namespaces: the name does not exist there (ECONNREFUSED).
         assert_eq!(connect.stdout, "errno=111\n", "{connect:?}");
     }
+    // Nor through loopback: no IP socket can be made at all (the filter's EPERM), so a
+    // neighbour listening on 127.0.0.1 is as unreachable as the host.
+    let tcp = gate
+        .call(
+            &call("tcp", "tcp", serde_json::json!({ "addr": "127.0.0.1:9" })),
+            &CallOptions::default(),
+        )
+        .await;
+    assert_eq!(tcp.stdout, "errno=1\n", "{tcp:?}");
     supervisor.close().await;
 }

@@ -33,19 +33,25 @@ fn receive(stream: &mut UnixStream) -> Option<SupervisorMessage> {
 
 /// Until the call arrives, runs once the code a call will need: a fresh process's first
 /// pass through a built-in or the report's encoder faults in its code and data (a first
-/// `read_file` took 140-190 µs here, the next one 11-14 µs). A pooled worker waits long
-/// enough to finish; a cold one stops as soon as its call is waiting. Reads only, into
-/// buffers that are dropped: nothing of it reaches the tool or the supervisor.
+/// `read_file` took 140-190 µs here, the next one 11-14 µs). Only a pooled worker
+/// rehearses: a cold worker's call follows its `Ready` within a fraction of a millisecond,
+/// so the worker first waits that long, and stops between steps as soon as a call is
+/// waiting. Reads only, into buffers that are dropped: nothing of it reaches the tool or
+/// the supervisor.
 fn rehearse_while_idle(stream: &UnixStream) {
     use std::os::fd::AsRawFd;
-    let idle = || {
+    let idle_for = |timeout_ms: i32| {
         let mut fds = [libc::pollfd {
             fd: stream.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         }];
-        matches!(crate::sys::poll_descriptors(&mut fds, 0), Ok(0))
+        matches!(crate::sys::poll_descriptors(&mut fds, timeout_ms), Ok(0))
     };
+    if !idle_for(2) {
+        return;
+    }
+    let idle = || idle_for(0);
     for (name, arguments) in [
         (
             "read_file",
