@@ -761,16 +761,9 @@ async fn confine_over(
     network: WorkerNetwork,
 ) -> Result<AppliedIsolation, Conversation> {
     let violation = |what: String| Conversation::Broken(ChannelError::Violation(what));
-    match channel.receive().await {
-        Ok(WorkerMessage::Hello { version }) if version == PROTOCOL_VERSION => {}
-        Ok(WorkerMessage::Hello { version }) => {
-            return Err(violation(format!(
-                "worker speaks protocol {version}, we speak {PROTOCOL_VERSION}"
-            )));
-        }
-        Ok(other) => return Err(violation(format!("expected Hello, got {}", other.name()))),
-        Err(e) => return Err(Conversation::Broken(e)),
-    }
+    // Our Hello and the Setup go out at once, without waiting for the worker's Hello: the
+    // worker reads them in order after sending its own, and a worker speaking another
+    // version is refused below all the same. One wake-up round trip less per spawn.
     channel
         .send(&SupervisorMessage::Hello {
             version: PROTOCOL_VERSION,
@@ -783,6 +776,16 @@ async fn confine_over(
         ))))
         .await
         .map_err(Conversation::Broken)?;
+    match channel.receive().await {
+        Ok(WorkerMessage::Hello { version }) if version == PROTOCOL_VERSION => {}
+        Ok(WorkerMessage::Hello { version }) => {
+            return Err(violation(format!(
+                "worker speaks protocol {version}, we speak {PROTOCOL_VERSION}"
+            )));
+        }
+        Ok(other) => return Err(violation(format!("expected Hello, got {}", other.name()))),
+        Err(e) => return Err(Conversation::Broken(e)),
+    }
     match channel.receive().await {
         Ok(WorkerMessage::Ready(applied)) => Ok(applied),
         Ok(WorkerMessage::SetupFailed(failure)) => Err(Conversation::SetupFailed { failure }),
