@@ -776,8 +776,14 @@ async fn confine_over(
         ))))
         .await
         .map_err(Conversation::Broken)?;
+    let started = Instant::now();
     match channel.receive().await {
-        Ok(WorkerMessage::Hello { version }) if version == PROTOCOL_VERSION => {}
+        Ok(WorkerMessage::Hello { version }) if version == PROTOCOL_VERSION => {
+            tracing::debug!(
+                waited_us = started.elapsed().as_micros() as u64,
+                "worker said hello"
+            );
+        }
         Ok(WorkerMessage::Hello { version }) => {
             return Err(violation(format!(
                 "worker speaks protocol {version}, we speak {PROTOCOL_VERSION}"
