@@ -427,8 +427,10 @@ fn describe_network(network: &Network) -> NetworkFacts {
     match network {
         Network::None => NetworkFacts {
             mode: "none",
-            summary: "no network: a fresh network namespace with no interface, and only \
-                      AF_UNIX sockets"
+            summary: "no network: only AF_UNIX sockets, in a network namespace with no \
+                      interface up (a root supervisor on a kernel that scopes abstract \
+                      unix sockets to each worker, Landlock ABI 6, shares one empty \
+                      namespace between workers; elsewhere each gets a fresh one)"
                 .into(),
             tcp_connect: Vec::new(),
             tcp_bind: Vec::new(),
