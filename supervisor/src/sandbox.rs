@@ -392,14 +392,16 @@ impl Supervisor {
             elapsed_us = started.elapsed().as_micros() as u64,
             "worker ready"
         );
-        let (conversation, lease) = match worker {
+        let (conversation, lease, channel) = match worker {
             Ok(worker) => {
                 result.isolation.cgroup = worker
                     .lease
                     .cgroup
                     .as_ref()
                     .map(|c| c.version().to_string());
-                self.run_on_worker(worker, &run, deadline, cancel).await
+                let (conversation, lease, channel) =
+                    self.run_on_worker(worker, &run, deadline, cancel).await;
+                (conversation, lease, Some(channel))
             }
             Err(PrepareError::Rejected(error)) => {
                 result.error = Some(*error);
@@ -408,7 +410,7 @@ impl Supervisor {
             }
             Err(PrepareError::Failed(conversation, lease)) => {
                 result.isolation.cgroup = lease.cgroup.as_ref().map(|c| c.version().to_string());
-                (conversation, *lease)
+                (conversation, *lease, None)
             }
         };
         tracing::debug!(
@@ -424,6 +426,11 @@ impl Supervisor {
             let stats = lease.cgroup.as_ref().and_then(|c| c.read_stats().ok());
             let cleanup = ActiveCall::enter(&self.active);
             tokio::spawn(async move {
+                // The orderly end of the conversation, off the critical path; the worker
+                // is killed right after in any case.
+                if let Some(mut channel) = channel {
+                    let _ = channel.send(&SupervisorMessage::Shutdown).await;
+                }
                 let _ = reap_worker(&lease).await;
                 release_later(lease, cleanup);
             });
@@ -660,7 +667,7 @@ impl Supervisor {
         run: &SandboxRun,
         deadline: tokio::time::Instant,
         cancel: Option<&CancelSignal>,
-    ) -> (Conversation, WorkerLease) {
+    ) -> (Conversation, WorkerLease, WorkerChannel) {
         let ReadyWorker {
             lease,
             mut channel,
@@ -693,8 +700,7 @@ impl Supervisor {
                 () = self.closing.cancelled() => Conversation::Cancelled { applied: Some(applied.clone()) },
             }
         };
-        let _ = channel.send(&SupervisorMessage::Shutdown).await;
-        (conversation, lease)
+        (conversation, lease, channel)
     }
 
     fn create_cgroup(
@@ -832,7 +838,20 @@ async fn run_over(
 /// Sleeps until `deadline` to the microsecond: tokio's timer rounds deadlines up to whole
 /// milliseconds, which showed as up to a millisecond of "deadline → reaped". Falls back to
 /// tokio's timer if no timerfd can be had.
+/// How long before a deadline [`sleep_until_precise`] switches to a timerfd.
+const PRECISE_TAIL: Duration = Duration::from_millis(5);
+
 async fn sleep_until_precise(deadline: tokio::time::Instant) {
+    // tokio's timer (whole milliseconds, may fire up to one late) until close to the
+    // deadline, and a timerfd only for the last stretch: most calls end long before their
+    // deadline and never pay the timerfd's five syscalls (create, arm, register, deregister,
+    // close) on their critical path.
+    let coarse = deadline.checked_sub(PRECISE_TAIL);
+    if let Some(coarse) = coarse
+        && coarse > tokio::time::Instant::now()
+    {
+        tokio::time::sleep_until(coarse).await;
+    }
     let after = deadline.saturating_duration_since(tokio::time::Instant::now());
     match sys::oneshot_timerfd(after).and_then(sys::register_async_fd) {
         Ok(timer) => {
