@@ -13,6 +13,6 @@ pub mod spec;
 
 pub use codec::{CodecError, MAX_FRAME_BYTES};
 pub use conversation::{Conversation, ConversationError, Phase, check_version};
-pub use frame::{FrameDecoder, FrameError, encode_frame, read_frame, write_frame};
+pub use frame::{FrameDecoder, FrameError, read_frame, write_frame};
 pub use message::*;
 pub use spec::*;

@@ -1,12 +1,11 @@
 //! The worker's conversation with the supervisor: handshake, confine, run, exit.
 
-use std::io::Write;
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use airlock_protocol::{
     ExitStatus, LogLevel, LogRecord, PROTOCOL_VERSION, SandboxSpec, SupervisorMessage, ToolExit,
-    WorkerMessage, encode_frame, read_frame,
+    WorkerMessage, read_frame, write_frame,
 };
 
 use crate::confine::{StepTimings, confine_worker};
@@ -25,21 +24,7 @@ pub mod exit_code {
 }
 
 fn send(stream: &mut UnixStream, message: &WorkerMessage) -> bool {
-    send_all(stream, &[message])
-}
-
-/// Sends `messages` as consecutive frames in one write: each separate write (a frame's
-/// length prefix, its body, the next frame) can wake the supervisor on its own, and a
-/// wake-up costs more than the syscall on a small VM.
-fn send_all(stream: &mut UnixStream, messages: &[&WorkerMessage]) -> bool {
-    let mut bytes = Vec::new();
-    for message in messages {
-        match encode_frame(message) {
-            Ok(frame) => bytes.extend_from_slice(&frame),
-            Err(_) => return false,
-        }
-    }
-    stream.write_all(&bytes).is_ok()
+    write_frame(stream, message).is_ok()
 }
 
 fn receive(stream: &mut UnixStream) -> Option<SupervisorMessage> {
@@ -81,15 +66,19 @@ fn rehearse_while_idle(stream: &UnixStream) {
         let _ = crate::builtin::plan_builtin_with(name, arguments, &mut out, &mut err);
     }
     if idle() {
-        let _ = encode_frame(&WorkerMessage::Exited(ToolExit {
-            status: ExitStatus::Code(0),
-            stdout: b"rehearsal".to_vec(),
-            stderr: Vec::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            user_cpu_us: 0,
-            system_cpu_us: 0,
-        }));
+        let mut sink = Vec::new();
+        let _ = write_frame(
+            &mut sink,
+            &WorkerMessage::Exited(ToolExit {
+                status: ExitStatus::Code(0),
+                stdout: b"rehearsal".to_vec(),
+                stderr: Vec::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                user_cpu_us: 0,
+                system_cpu_us: 0,
+            }),
+        );
     }
 }
 
@@ -136,10 +125,8 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
                 level: LogLevel::Debug,
                 message: format!("confinement steps: {}", timings.summary()),
             };
-            if !send_all(
-                &mut stream,
-                &[&WorkerMessage::Log(record), &WorkerMessage::Ready(applied)],
-            ) {
+            let _ = send(&mut stream, &WorkerMessage::Log(record));
+            if !send(&mut stream, &WorkerMessage::Ready(applied)) {
                 return exit_code::PROTOCOL;
             }
             rehearse_while_idle(&stream);
@@ -158,7 +145,8 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
                     level: LogLevel::Debug,
                     message: format!("run steps: {}", timings.summary()),
                 };
-                if !send_all(&mut stream, &[&WorkerMessage::Log(record), &report]) {
+                let _ = send(&mut stream, &WorkerMessage::Log(record));
+                if !send(&mut stream, &report) {
                     return exit_code::PROTOCOL;
                 }
             }
