@@ -602,25 +602,7 @@ impl Supervisor {
             cgroup_dir,
             network,
         };
-        // The deadline bounds the spawn too: on a loaded machine the clone, the cgroup join
-        // or the exec can stall, and the call must still end on time. A spawn abandoned
-        // here is killed and reaped by the spawner thread; an exec abandoned here by the
-        // lease, on the caller's timeout path.
-        let spawn = self.spawner.spawn(request);
-        tokio::pin!(spawn);
-        let spawned = tokio::select! {
-            outcome = &mut spawn => outcome,
-            () = sleep_until_precise(deadline) => {
-                return Err(PrepareError::Failed(Conversation::TimedOut { applied: None }, Box::new(lease)));
-            }
-            () = wait_cancel(cancel) => {
-                return Err(PrepareError::Failed(Conversation::Cancelled { applied: None }, Box::new(lease)));
-            }
-            () = self.closing.cancelled() => {
-                return Err(PrepareError::Failed(Conversation::Cancelled { applied: None }, Box::new(lease)));
-            }
-        };
-        let spawned = spawned.map_err(|e| {
+        let spawned = self.spawner.spawn(request).await.map_err(|e| {
             let mut error = unavailable("spawn", error_chain(&e));
             error.transient = e.is_transient();
             PrepareError::Rejected(error)
@@ -628,21 +610,7 @@ impl Supervisor {
         // From here the lease owns the worker: dropping this future kills and reaps it.
         lease.pidfd = Some(spawned.pidfd);
         let spawn_started = Instant::now();
-        let exec = crate::spawn::await_exec(spawned.exec_report);
-        tokio::pin!(exec);
-        let exec = tokio::select! {
-            outcome = &mut exec => outcome,
-            () = sleep_until_precise(deadline) => {
-                return Err(PrepareError::Failed(Conversation::TimedOut { applied: None }, Box::new(lease)));
-            }
-            () = wait_cancel(cancel) => {
-                return Err(PrepareError::Failed(Conversation::Cancelled { applied: None }, Box::new(lease)));
-            }
-            () = self.closing.cancelled() => {
-                return Err(PrepareError::Failed(Conversation::Cancelled { applied: None }, Box::new(lease)));
-            }
-        };
-        if let Err(e) = exec {
+        if let Err(e) = crate::spawn::await_exec(spawned.exec_report).await {
             let mut error = unavailable("spawn", error_chain(&e));
             error.transient = e.is_transient();
             // The lease kills and reaps the exiting child and removes its cgroup.
