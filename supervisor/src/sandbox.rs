@@ -92,6 +92,11 @@ enum PrepareError {
     Failed(Conversation, Box<WorkerLease>),
 }
 
+/// A spawned worker that will not become ready (abandoned or failed); the lease cleans up.
+fn failed(conversation: Conversation, lease: WorkerLease) -> PrepareError {
+    PrepareError::Failed(conversation, Box::new(lease))
+}
+
 /// Profiles with identical specs and limits share a pool.
 /// Which pool serves a profile: a digest of everything a pooled worker was confined with
 /// (the spec it built, the limits of its cgroup), so a worker only ever serves a call whose
@@ -200,12 +205,25 @@ impl WorkerLease {
         }
     }
 
-    /// Removes the (empty) cgroup; the worker must have been reaped.
+    /// Removes the (empty) cgroup; the worker must have been killed. Should it still not be
+    /// reaped (it did not end within the wait of [`wait_for_exit`]), both are handed to a
+    /// background clean-up rather than leaving a zombie.
     fn release(&mut self) {
-        self.pidfd = None;
-        if let Some(Err(e)) = self.cgroup.take().map(WorkerCgroup::remove) {
-            tracing::warn!(error = %error_chain(&e), "cgroup left behind");
+        if let Some(pidfd) = self.pidfd.take()
+            && matches!(sys::try_reap_pidfd(&pidfd), Ok(None))
+        {
+            tracing::warn!("worker still not reaped after SIGKILL; reaping in the background");
+            let cgroup = self.cgroup.take();
+            crate::spawn::clean_up_in_background(Some(pidfd), move || remove_cgroup(cgroup));
+            return;
         }
+        remove_cgroup(self.cgroup.take());
+    }
+}
+
+fn remove_cgroup(cgroup: Option<WorkerCgroup>) {
+    if let Some(Err(e)) = cgroup.map(WorkerCgroup::remove) {
+        tracing::warn!(error = %error_chain(&e), "cgroup left behind");
     }
 }
 
@@ -215,23 +233,8 @@ impl Drop for WorkerLease {
             return;
         }
         self.kill();
-        let pidfd = self.pidfd.take();
         let cgroup = self.cgroup.take();
-        let cleanup = move || {
-            if let Some(pidfd) = &pidfd {
-                reap_blocking(pidfd);
-            }
-            if let Some(Err(e)) = cgroup.map(WorkerCgroup::remove) {
-                tracing::warn!(error = %error_chain(&e), "cgroup left behind");
-            }
-        };
-        if std::thread::Builder::new()
-            .name("airlock-reaper".into())
-            .spawn(cleanup)
-            .is_err()
-        {
-            tracing::warn!("cannot start a reaper thread; a worker may stay a zombie");
-        }
+        crate::spawn::clean_up_in_background(self.pidfd.take(), move || remove_cgroup(cgroup));
     }
 }
 
@@ -265,16 +268,6 @@ fn remove_stale_worker_cgroups(parent: &CgroupParent) {
                     tracing::debug!(cgroup = %entry.path().display(), error = %e, "stale worker cgroup not removed")
                 }
             }
-        }
-    }
-}
-
-/// Waits (blocking) for a killed worker to be reaped.
-fn reap_blocking(pidfd: &OwnedFd) {
-    for _ in 0..5000 {
-        match sys::try_reap_pidfd(pidfd) {
-            Ok(Some(_)) | Err(_) => return,
-            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
         }
     }
 }
@@ -328,8 +321,12 @@ impl Supervisor {
         for mut worker in self.pool.drain() {
             let _ = finish_worker(&mut worker.lease).await;
         }
+        // Calls still cleaning up, and workers dropped midway whose reaping runs in the
+        // background (process-wide, so another supervisor's can delay this one's close).
         let deadline = Instant::now() + Duration::from_secs(30);
-        while self.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        while (self.active.load(Ordering::SeqCst) > 0 || crate::spawn::background_cleanups() > 0)
+            && Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -602,15 +599,35 @@ impl Supervisor {
             cgroup_dir,
             network,
         };
-        let spawned = self.spawner.spawn(request).await.map_err(|e| {
+        // The deadline, a cancellation and close bound the spawn and the exec too: on a
+        // loaded machine either can stall, and the call must still end on time. A spawn
+        // abandoned here is killed and reaped through its `ChildProcess` when the spawner's
+        // reply is dropped; an abandoned exec through the lease.
+        let spawn = self.spawner.spawn(request);
+        tokio::pin!(spawn);
+        let spawned = tokio::select! {
+            outcome = &mut spawn => outcome,
+            () = sleep_until_precise(deadline) => return Err(failed(Conversation::TimedOut { applied: None }, lease)),
+            () = wait_cancel(cancel) => return Err(failed(Conversation::Cancelled { applied: None }, lease)),
+            () = self.closing.cancelled() => return Err(failed(Conversation::Cancelled { applied: None }, lease)),
+        };
+        let spawned = spawned.map_err(|e| {
             let mut error = unavailable("spawn", error_chain(&e));
             error.transient = e.is_transient();
             PrepareError::Rejected(error)
         })?;
         // From here the lease owns the worker: dropping this future kills and reaps it.
-        lease.pidfd = Some(spawned.pidfd);
+        lease.pidfd = spawned.child.into_pidfd();
         let spawn_started = Instant::now();
-        if let Err(e) = crate::spawn::await_exec(spawned.exec_report).await {
+        let exec = crate::spawn::await_exec(spawned.exec_report);
+        tokio::pin!(exec);
+        let exec = tokio::select! {
+            outcome = &mut exec => outcome,
+            () = sleep_until_precise(deadline) => return Err(failed(Conversation::TimedOut { applied: None }, lease)),
+            () = wait_cancel(cancel) => return Err(failed(Conversation::Cancelled { applied: None }, lease)),
+            () = self.closing.cancelled() => return Err(failed(Conversation::Cancelled { applied: None }, lease)),
+        };
+        if let Err(e) = exec {
             let mut error = unavailable("spawn", error_chain(&e));
             error.transient = e.is_transient();
             // The lease kills and reaps the exiting child and removes its cgroup.
@@ -627,10 +644,7 @@ impl Supervisor {
         let stream = match stream {
             Ok(stream) => stream,
             Err(e) => {
-                return Err(PrepareError::Failed(
-                    Conversation::Broken(ChannelError::Io(e)),
-                    Box::new(lease),
-                ));
+                return Err(failed(Conversation::Broken(ChannelError::Io(e)), lease));
             }
         };
         // Worker reports carry at most two bounded outputs plus small fields.
@@ -655,7 +669,7 @@ impl Supervisor {
                 channel,
                 applied,
             }),
-            Err(conversation) => Err(PrepareError::Failed(conversation, Box::new(lease))),
+            Err(conversation) => Err(failed(conversation, lease)),
         }
     }
 

@@ -182,8 +182,8 @@ pub enum WorkerNetwork {
 pub struct Spawned {
     /// Host pid.
     pub pid: i32,
-    /// pidfd.
-    pub pidfd: OwnedFd,
+    /// The process; killed and reaped if dropped before its owner takes the pidfd.
+    pub child: ChildProcess,
     /// The supervisor's end of the protocol socket.
     pub socket: OwnedFd,
     /// Closes when the child execs the worker, or carries the step that failed before:
@@ -191,6 +191,63 @@ pub struct Spawned {
     /// so the next clone need not wait for this child's cgroup join (on v1 an RCU grace
     /// period of 10–15 ms) and exec.
     pub exec_report: OwnedFd,
+}
+
+/// A worker process of ours that nobody has taken charge of yet. If it is dropped while it
+/// still holds the pidfd (a caller that gave up on the spawn, a reply nobody read), the
+/// process is killed and reaped in the background: no path leaves a worker running or a
+/// zombie behind.
+#[derive(Debug)]
+pub struct ChildProcess {
+    pidfd: Option<OwnedFd>,
+}
+
+impl ChildProcess {
+    /// Hands the pidfd (and with it the duty to kill and reap) to the caller.
+    pub fn into_pidfd(mut self) -> Option<OwnedFd> {
+        self.pidfd.take()
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        if let Some(pidfd) = self.pidfd.take() {
+            let _ = sys::signal_pidfd(&pidfd, libc::SIGKILL);
+            clean_up_in_background(Some(pidfd), || {});
+        }
+    }
+}
+
+/// Clean-ups still running in the background, in this process (see [`background_cleanups`]).
+static BACKGROUND_CLEANUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// On a short-lived thread, waits for the process behind `pidfd` (already sent SIGKILL) to
+/// end and reaps it — without a time limit, since giving up would leave a zombie — and then
+/// runs `then` (removing its cgroup, which must be empty first).
+pub(crate) fn clean_up_in_background(pidfd: Option<OwnedFd>, then: impl FnOnce() + Send + 'static) {
+    use std::sync::atomic::Ordering;
+    BACKGROUND_CLEANUPS.fetch_add(1, Ordering::SeqCst);
+    let job = move || {
+        if let Some(pidfd) = &pidfd {
+            sys::reap_pidfd_blocking(pidfd);
+        }
+        then();
+        BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
+    };
+    if std::thread::Builder::new()
+        .name("airlock-reaper".into())
+        .spawn(job)
+        .is_err()
+    {
+        BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
+        tracing::warn!("cannot start a reaper thread; a worker may stay a zombie");
+    }
+}
+
+/// How many background clean-ups (of workers dropped midway) are still running in this
+/// process; [`crate::Supervisor::close`] waits for them.
+pub(crate) fn background_cleanups() -> usize {
+    BACKGROUND_CLEANUPS.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 /// Waits (asynchronously) until a spawned child has exec'd the worker, or returns the step
@@ -311,12 +368,9 @@ impl SpawnerThread {
                         Ok((request, reply)) => {
                             let spawned =
                                 spawn_worker(&image, mapping, &extra_args, request, &mut children);
-                            if let Err(Ok(orphan)) = reply.send(spawned) {
-                                // The caller gave up while we were spawning: do not leave it
-                                // running.
-                                let _ = sys::signal_pidfd(&orphan.pidfd, libc::SIGKILL);
-                                reap_blocking(&orphan.pidfd);
-                            }
+                            // If the caller gave up while we were spawning, the reply is
+                            // dropped here and its ChildProcess kills and reaps the worker.
+                            drop(reply.send(spawned));
                         }
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
                         Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -527,56 +581,31 @@ fn spawn_worker(
     )
     .map_err(|source| SpawnError::Clone { source })?;
     children.running.push(in_flight);
+    let pid = cloned.pid;
+    let child = ChildProcess {
+        pidfd: Some(cloned.pidfd),
+    };
     drop(worker_end);
     drop(maps_read);
     drop(report_write);
 
     // Parent-side half of the handshake: sandbox root is an unprivileged host id; setgroups
     // is denied so the sandbox cannot drop supplementary groups to dodge group-deny ACLs.
-    let maps = write_proc_file(cloned.pid, "setgroups", "deny")
-        .and_then(|()| {
-            write_proc_file(
-                cloned.pid,
-                "uid_map",
-                &format!("0 {} 1\n", mapping.host_uid),
-            )
-        })
-        .and_then(|()| {
-            write_proc_file(
-                cloned.pid,
-                "gid_map",
-                &format!("0 {} 1\n", mapping.host_gid),
-            )
-        });
-    if let Err(e) = maps {
-        let _ = sys::signal_pidfd(&cloned.pidfd, libc::SIGKILL);
-        reap_blocking(&cloned.pidfd);
-        return Err(e);
-    }
+    let maps = write_proc_file(pid, "setgroups", "deny")
+        .and_then(|()| write_proc_file(pid, "uid_map", &format!("0 {} 1\n", mapping.host_uid)))
+        .and_then(|()| write_proc_file(pid, "gid_map", &format!("0 {} 1\n", mapping.host_gid)));
+    // On failure, dropping `child` kills and reaps the child (still waiting for release).
+    maps?;
     let cloned_us = clone_started.elapsed().as_micros() as u64;
     let mut release = File::from(maps_write);
     let _ = release.write_all(&[1]);
     drop(release);
 
-    tracing::debug!(
-        clone_and_maps_us = cloned_us,
-        pid = cloned.pid,
-        "worker cloned"
-    );
+    tracing::debug!(clone_and_maps_us = cloned_us, pid, "worker cloned");
     Ok(Spawned {
-        pid: cloned.pid,
-        pidfd: cloned.pidfd,
+        pid,
+        child,
         socket: supervisor_end,
         exec_report: report_read,
     })
-}
-
-/// Waits (blocking, on the spawner thread) for a child that is known to be exiting.
-fn reap_blocking(pidfd: &OwnedFd) {
-    for _ in 0..1000 {
-        match sys::try_reap_pidfd(pidfd) {
-            Ok(Some(_)) | Err(_) => return,
-            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(1)),
-        }
-    }
 }

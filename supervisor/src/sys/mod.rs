@@ -137,6 +137,29 @@ pub fn try_reap_pidfd(pidfd: &OwnedFd) -> io::Result<Option<Ended>> {
     }))
 }
 
+/// Waits, blocking, until the process behind a pidfd has ended, and reaps it. Only for a
+/// process that was sent SIGKILL (it cannot refuse to end); ECHILD (someone reaped it
+/// already) counts as done.
+pub fn reap_pidfd_blocking(pidfd: &OwnedFd) {
+    loop {
+        // SAFETY: siginfo_t is plain old data; zero is valid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a valid out-pointer; P_PIDFD takes the descriptor number as id.
+        let ret = unsafe {
+            libc::waitid(
+                libc::P_PIDFD,
+                pidfd.as_raw_fd() as libc::id_t,
+                &mut info,
+                libc::WEXITED,
+            )
+        };
+        match check_int(ret) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            _ => return,
+        }
+    }
+}
+
 /// Builds a NULL-terminated pointer array over CStrings (which must outlive its use).
 pub fn pointer_array(strings: &[CString]) -> Vec<*const libc::c_char> {
     strings
