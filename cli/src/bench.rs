@@ -274,14 +274,14 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         .enable_all()
         .build()?;
     let report = runtime.block_on(async {
-        let cold = Supervisor::start(SupervisorOptions::default())?;
+        let cold = Supervisor::start(crate::supervisor_options())?;
         // The network namespace strategy, measured: the same cold call with a fresh network
         // namespace per worker (the default shares one empty namespace where that is safe).
         let cold_own_net = Supervisor::start(SupervisorOptions {
             network_namespaces: NetworkNamespaces::PerWorker,
-            ..SupervisorOptions::default()
+            ..crate::supervisor_options()
         })?;
-        let pooled = Arc::new(Supervisor::start(SupervisorOptions::default())?);
+        let pooled = Arc::new(Supervisor::start(crate::supervisor_options())?);
         let profile = Arc::clone(&policy.profiles["default"]);
         pooled.keep_warm(Arc::clone(&profile), 2);
         let gate = Arc::new(Gate::new(Arc::clone(&pooled), policy.clone()));
@@ -447,7 +447,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         let rss_idle = rss_kib("self");
         let rss_file = status_kib("self", "RssFile:");
         let rss_anon = status_kib("self", "RssAnon:");
-        let memory = Arc::new(Supervisor::start(SupervisorOptions::default())?);
+        let memory = Arc::new(Supervisor::start(crate::supervisor_options())?);
         memory.keep_warm(Arc::clone(&profile), args.pool_workers);
         let deadline_fill = Instant::now() + Duration::from_secs(60);
         while memory.pool_stats().idle < args.pool_workers && Instant::now() < deadline_fill {

@@ -133,7 +133,7 @@ const CAP_SYS_ADMIN_BIT: u32 = 21;
 
 /// Runs every check, prints the report, and exits 0 only if the default profile works.
 pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
-    let mut checks = vec![check_kernel(), check_privileges()];
+    let mut checks = vec![check_kernel(), check_privileges(), check_worker_image()];
     checks.extend(check_user_namespaces());
     checks.extend(check_landlock());
     checks.extend(check_seccomp());
@@ -205,6 +205,33 @@ fn render_report(report: &Report) -> String {
 }
 
 /// A file under /proc or /sys, trimmed; `None` when it does not exist or cannot be read.
+/// Which program the supervisor execs as its worker: the dedicated one `build.rs` embeds,
+/// or (if that build failed) this whole binary.
+fn check_worker_image() -> Check {
+    let bytes = crate::WORKER_IMAGE.len();
+    if bytes > 0 {
+        Check::ok(
+            "worker.image",
+            "worker program",
+            format!(
+                "the dedicated airlock-worker, embedded ({} KiB)",
+                bytes / 1024
+            ),
+        )
+        .with_facts(json!({ "embedded": true, "bytes": bytes }))
+    } else {
+        Check::problem(
+            "worker.image",
+            "worker program",
+            Status::Warn,
+            "no dedicated worker was embedded at build time; workers exec this whole binary",
+            "nothing: workers are confined the same way, but each starts slower and takes more memory",
+            "rebuild airlock and read the build's warning about the airlock-worker binary",
+        )
+        .with_facts(json!({ "embedded": false, "bytes": 0 }))
+    }
+}
+
 fn read_trimmed(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
@@ -916,7 +943,7 @@ fn run_true_in_default_profile(parent: Option<CgroupParent>) -> anyhow::Result<T
     runtime.block_on(async {
         let supervisor = Supervisor::start(SupervisorOptions {
             cgroup_parent: parent,
-            ..Default::default()
+            ..crate::supervisor_options()
         })?;
         let run = SandboxRun {
             call_id: "doctor".into(),

@@ -22,6 +22,18 @@ mod doctor;
 mod explain;
 mod selftest;
 
+/// The dedicated worker program, built by `build.rs` from the `airlock-worker` crate; empty
+/// if it could not be built, and then the supervisor execs this binary as its worker.
+pub(crate) const WORKER_IMAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/airlock-worker"));
+
+/// Supervisor options every subcommand starts from: the embedded worker program.
+pub(crate) fn supervisor_options() -> SupervisorOptions {
+    SupervisorOptions {
+        worker_image: Some(WORKER_IMAGE),
+        ..SupervisorOptions::default()
+    }
+}
+
 /// airlock: a sandbox driver and supervisor for AI agents' tool calls.
 #[derive(Debug, Parser)]
 #[command(name = "airlock", version, about)]
@@ -355,7 +367,7 @@ fn run_exec(
     let result = runtime.block_on(async {
         let supervisor = Supervisor::start(SupervisorOptions {
             sandbox_host_id: sandbox_uid,
-            ..Default::default()
+            ..supervisor_options()
         })?;
         let run = SandboxRun {
             call_id: random_call_id(),
@@ -426,7 +438,7 @@ fn run_tool(
     let outcome = runtime.block_on(async {
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
             sandbox_host_id: flags.sandbox_uid,
-            ..Default::default()
+            ..supervisor_options()
         })?);
         let mut gate = Gate::new(Arc::clone(&supervisor), policy);
         if let Some(audit) = audit {
@@ -482,7 +494,7 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
     let runtime = runtime()?;
     runtime.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
-        let supervisor = Arc::new(Supervisor::start(SupervisorOptions { sandbox_host_id: flags.sandbox_uid, ..Default::default() })?);
+        let supervisor = Arc::new(Supervisor::start(SupervisorOptions { sandbox_host_id: flags.sandbox_uid, ..supervisor_options() })?);
         if flags.pool > 0 {
             // Warm every profile some tool uses; each call still gets a fresh worker.
             let used: std::collections::BTreeSet<&String> = loaded.policy.tools.values().map(|t| &t.tool.profile).collect();

@@ -78,7 +78,7 @@ pub fn run_selftest(args: &SelftestArgs) -> anyhow::Result<ExitCode> {
     let supervisor = runtime.block_on(async {
         Supervisor::start(SupervisorOptions {
             sandbox_host_id: args.sandbox_uid,
-            ..Default::default()
+            ..crate::supervisor_options()
         })
     })?;
     let mut runner = LibraryRunner {

@@ -75,6 +75,7 @@ fn doctor_json_is_one_document_with_every_check_and_a_fix_for_each_problem() {
     for id in [
         "kernel",
         "privileges",
+        "worker.image",
         "userns.max",
         "userns.unprivileged_clone",
         "userns.apparmor",
@@ -115,6 +116,13 @@ fn doctor_reports_landlock_cgroups_and_a_working_default_profile_on_this_machine
     let (out, report) = doctor_json();
     assert!(out.status.success(), "{report:#}");
     assert_eq!(report["ok"], true);
+
+    // CI's build must embed the dedicated worker (cli/build.rs); the default profile above
+    // ran on it.
+    let image = check(&report, "worker.image");
+    if must_work() {
+        assert_eq!(image["facts"]["embedded"], true, "{image:#}");
+    }
 
     let landlock = check(&report, "landlock.abi");
     assert_eq!(landlock["status"], "ok", "{landlock:#}");

@@ -45,6 +45,11 @@ pub struct SupervisorOptions {
     /// Run this program as the worker instead of the current executable, with these extra
     /// arguments (tests use it to play a hostile worker).
     pub worker_program: Option<(std::path::PathBuf, Vec<String>)>,
+    /// Without `worker_program`: the bytes of a dedicated worker program (built from the
+    /// `airlock-worker` crate's binary, as the `airlock` CLI embeds it) to run instead of
+    /// the current executable. Empty means none. It must come from the same build as this
+    /// library: the protocol has no compatibility across versions.
+    pub worker_image: Option<&'static [u8]>,
     /// How `network = "none"` workers get their network namespace.
     pub network_namespaces: NetworkNamespaces,
 }
@@ -290,7 +295,10 @@ impl Supervisor {
         sys::become_child_subreaper().map_err(SupervisorError::Subreaper)?;
         let (image, extra_args) = match &options.worker_program {
             Some((path, args)) => (WorkerImage::seal_from(path)?, args.clone()),
-            None => (WorkerImage::seal_current_executable()?, Vec::new()),
+            None => match options.worker_image {
+                Some(bytes) if !bytes.is_empty() => (WorkerImage::seal_bytes(bytes)?, Vec::new()),
+                _ => (WorkerImage::seal_current_executable()?, Vec::new()),
+            },
         };
         let mapping = IdMapping::for_this_process(options.sandbox_host_id);
         // Scoping is the kernel's (worker-side Landlock), so it is checked on the host; the

@@ -51,6 +51,22 @@ pub fn seal_memfd(fd: &OwnedFd) -> io::Result<()> {
     check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }).map(drop)
 }
 
+/// Asks the kernel to reclaim the whole pages inside `bytes` (MADV_PAGEOUT, Linux 5.4):
+/// a hint that never changes their contents, so it is harmless on any memory. For data
+/// that is part of the executable's file mapping (an `include_bytes!` image read once)
+/// it gives the pages back and they stop counting in the resident set. Best effort.
+pub fn page_out(bytes: &[u8]) {
+    let page = 4096usize;
+    let start = (bytes.as_ptr() as usize).div_ceil(page) * page;
+    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+    if end <= start {
+        return;
+    }
+    // SAFETY: [start, end) lies inside `bytes`, which is mapped; MADV_PAGEOUT only moves
+    // pages out and in again and never alters what the memory holds.
+    let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT) };
+}
+
 /// The seals currently on a memfd.
 pub fn memfd_seals(fd: &OwnedFd) -> io::Result<i32> {
     // SAFETY: F_GET_SEALS only reads.
