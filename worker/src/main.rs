@@ -2,11 +2,22 @@
 //! argument parser or schema validator. The `airlock` binary embeds it (see
 //! `cli/build.rs`) and its supervisors exec it from a sealed memfd: a 0.5 MB image instead of
 //! the 6.4 MB CLI, so each worker starts faster and takes less memory.
+//!
+//! C's `main` directly, without Rust's runtime set-up, which reads /proc/self/maps to find
+//! the main thread's stack, installs a stack-overflow handler on an alternate signal stack,
+//! polls the standard descriptors and ignores SIGPIPE: 0.1–0.2 ms per worker start
+//! (`perf stat -r 500`, 1.06–1.09 → 0.83–0.99 ms) that a worker does not need. It sets
+//! every signal disposition itself (SIGPIPE ignored) before it writes anything.
+#![no_main]
 
-fn main() {
-    let code = airlock_worker::run_if_worker().unwrap_or_else(|| {
+#[unsafe(no_mangle)]
+extern "C" fn main(
+    _argc: std::ffi::c_int,
+    _argv: *const *const std::ffi::c_char,
+) -> std::ffi::c_int {
+    // std still has the arguments: glibc hands them to its init hook.
+    airlock_worker::run_if_worker().unwrap_or_else(|| {
         eprintln!("airlock-worker: run by airlock's supervisor only, not by hand");
         2
-    });
-    std::process::exit(code);
+    })
 }
