@@ -326,9 +326,10 @@ impl CgroupParent {
         }
     }
 
-    /// Creates the worker's cgroup(s) called `name` and writes `limits`. A CPU quota is
+    /// Creates the worker's cgroup(s) called `name` and writes `limits`, except the CPU
+    /// quota, which [`WorkerCgroup::enforce_cpu_quota`] writes later. A CPU quota is
     /// applied only where a cpu controller is available; [`WorkerCgroup::applied_limits`]
-    /// says whether it was. On error, whatever was created is removed again.
+    /// says whether it will be. On error, whatever was created is removed again.
     pub fn create_worker_cgroup(
         &self,
         name: &str,
@@ -345,6 +346,7 @@ impl CgroupParent {
             ops: self.ops,
             removed: false,
             counters: Vec::new(),
+            pending_cpu_quota: None,
         };
         // From here on an early return drops `worker`, which removes what was created.
         match &self.layout {
@@ -355,7 +357,8 @@ impl CgroupParent {
                 write_optional_file(&dir.join("memory.swap.max"), "0")?;
                 write_file(&dir.join("pids.max"), &limits.pids.to_string())?;
                 if let (Some((quota, period)), true) = (limits.cpu_quota, *cpu) {
-                    write_file(&dir.join("cpu.max"), &format!("{quota} {period}"))?;
+                    worker.pending_cpu_quota =
+                        Some((dir.join("cpu.max"), format!("{quota} {period}")));
                     worker.applied.cpu_quota = Some((quota, period));
                 }
                 // Kill the whole worker on OOM, not one arbitrary process in it (Linux 4.19).
@@ -377,9 +380,11 @@ impl CgroupParent {
                 write_file(&dir.join("pids.max"), &limits.pids.to_string())?;
                 if let (Some((quota, period)), Some(cpu)) = (limits.cpu_quota, cpu) {
                     let dir = worker.create_dir(cpu, name, Controller::Cpu)?;
-                    // A fresh cgroup has quota -1, so the period may be set first.
+                    // A fresh cgroup has quota -1 (unlimited), so the period may be set
+                    // now and the quota later.
                     write_file(&dir.join("cpu.cfs_period_us"), &period.to_string())?;
-                    write_file(&dir.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                    worker.pending_cpu_quota =
+                        Some((dir.join("cpu.cfs_quota_us"), quota.to_string()));
                     worker.applied.cpu_quota = Some((quota, period));
                 }
             }
@@ -404,6 +409,8 @@ pub struct WorkerCgroup {
     removed: bool,
     /// Counter files opened once the cgroup exists (see [`WorkerCgroup::read_stats`]).
     counters: Vec<(PathBuf, Option<fs::File>)>,
+    /// The CPU quota file and what to write there (see [`WorkerCgroup::enforce_cpu_quota`]).
+    pending_cpu_quota: Option<(PathBuf, String)>,
 }
 
 impl WorkerCgroup {
@@ -415,6 +422,19 @@ impl WorkerCgroup {
     /// The limits actually written; `cpu_quota` is `None` if no cpu controller was available.
     pub fn applied_limits(&self) -> &CgroupLimits {
         &self.applied
+    }
+
+    /// Writes the CPU quota, if there is one (again is harmless). Call it once the worker
+    /// is confined and before its tool runs. Not earlier, for two reasons: the worker's
+    /// child runs on the supervisor's memory until it execs (CLONE_VM), and if throttled
+    /// while holding that memory's mmap lock it stalls the whole supervisor until the next
+    /// period (on a slow machine under load, seconds); and confinement should not spend the
+    /// tool's CPU budget (a 10 % quota made a worker's start-up ten times slower).
+    pub fn enforce_cpu_quota(&self) -> Result<(), CgroupError> {
+        match &self.pending_cpu_quota {
+            Some((file, value)) => write_file(file, value),
+            None => Ok(()),
+        }
     }
 
     /// The worker's cgroup directories (v2: one; v1: memory, pids, and cpu if applied).
@@ -1700,6 +1720,12 @@ mod tests {
         // Swap is already capped by memsw; swappiness is left alone.
         assert_eq!(tree.read(&format!("{memory}/memory.swappiness")), "60\n");
         assert_eq!(tree.read("sys/fs/cgroup/pids/airlock-1-0/pids.max"), "16");
+        // The quota waits until the worker is confined.
+        assert_eq!(
+            tree.read("sys/fs/cgroup/cpu/airlock-1-0/cpu.cfs_quota_us"),
+            "-1\n"
+        );
+        worker.enforce_cpu_quota().unwrap();
         assert_eq!(
             tree.read("sys/fs/cgroup/cpu/airlock-1-0/cpu.cfs_quota_us"),
             "50000"
@@ -1759,6 +1785,9 @@ mod tests {
         let dir = format!("sys/fs/cgroup{V2_OWN}/airlock-workers/airlock-1-0");
         assert_eq!(worker.version(), CgroupVersion::V2);
         assert_eq!(worker.paths(), vec![tree.path(&dir)]);
+        // The quota waits until the worker is confined.
+        assert_eq!(tree.read(&format!("{dir}/cpu.max")), "max 100000\n");
+        worker.enforce_cpu_quota().unwrap();
         for (file, value) in [
             ("memory.max", "33554432"),
             ("memory.swap.max", "0"),

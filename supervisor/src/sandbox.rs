@@ -671,6 +671,16 @@ impl Supervisor {
                 () = self.closing.cancelled() => Err(Conversation::Cancelled { applied: None }),
             }
         };
+        // Confined and idle: now the CPU quota may bind (see `enforce_cpu_quota`).
+        if handshake.is_ok()
+            && let Some(Err(e)) = lease.cgroup.as_ref().map(WorkerCgroup::enforce_cpu_quota)
+        {
+            // The lease's drop kills and reaps the worker and removes its cgroup.
+            return Err(PrepareError::Rejected(unavailable(
+                "cgroup",
+                error_chain(&e),
+            )));
+        }
         match handshake {
             Ok(applied) => Ok(ReadyWorker {
                 lease,

@@ -254,6 +254,7 @@ fn worker_cgroup_applies_cpu_quota_where_a_cpu_controller_exists() {
         .create_worker_cgroup(&unique_name(), &limits)
         .unwrap();
     let paths = owned_paths(&worker);
+    worker.enforce_cpu_quota().unwrap();
     match (worker.version(), parent.supports_cpu_quota()) {
         (_, false) => assert_eq!(worker.applied_limits().cpu_quota, None),
         (CgroupVersion::V1, true) => {
