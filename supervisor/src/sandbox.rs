@@ -87,6 +87,8 @@ struct ReadyWorker {
     lease: WorkerLease,
     channel: WorkerChannel,
     applied: AppliedIsolation,
+    /// The call's `Run` went out with the `Setup` already (cold calls; see `run`).
+    run_sent: bool,
 }
 
 /// Why no worker could be made ready.
@@ -389,8 +391,22 @@ impl Supervisor {
                 if run.inherit_stdio.is_none() {
                     self.pool.note_miss();
                 }
-                self.prepare_worker(&profile, run.inherit_stdio.as_ref(), deadline, cancel)
-                    .await
+                // A cold call sends its Run right behind the Setup: the worker finds it
+                // waiting when it is ready, one wake-up round trip sooner. Not under a CPU
+                // quota, which is written between Ready and Run (see `enforce_cpu_quota`).
+                let run_now = profile
+                    .limits
+                    .cpu_quota_percent
+                    .is_none()
+                    .then(|| run_request(&run));
+                self.prepare_worker(
+                    &profile,
+                    run.inherit_stdio.as_ref(),
+                    deadline,
+                    cancel,
+                    run_now,
+                )
+                .await
             }
         };
         tracing::debug!(
@@ -483,7 +499,7 @@ impl Supervisor {
                         let profile = Arc::clone(&profile);
                         batch.spawn(async move {
                             let outcome = supervisor
-                                .prepare_worker(&profile, None, deadline, None)
+                                .prepare_worker(&profile, None, deadline, None, None)
                                 .await;
                             (supervisor, outcome)
                         });
@@ -553,6 +569,7 @@ impl Supervisor {
         inherit_stdio: Option<&[OwnedFd; 3]>,
         deadline: tokio::time::Instant,
         cancel: Option<&CancelSignal>,
+        run_now: Option<RunRequest>,
     ) -> Result<ReadyWorker, PrepareError> {
         let unavailable = |step: &str, message: String| {
             Box::new(ToolError {
@@ -661,8 +678,9 @@ impl Supervisor {
             .saturating_mul(2)
             .saturating_add(64 << 10);
         let mut channel = WorkerChannel::new(stream, max_frame);
+        let run_sent = run_now.is_some();
         let handshake = {
-            let talk = confine_over(&mut channel, profile, network);
+            let talk = confine_over(&mut channel, profile, network, run_now);
             tokio::pin!(talk);
             tokio::select! {
                 outcome = &mut talk => outcome,
@@ -686,6 +704,7 @@ impl Supervisor {
                 lease,
                 channel,
                 applied,
+                run_sent,
             }),
             Err(conversation) => Err(failed(conversation, lease)),
         }
@@ -704,21 +723,9 @@ impl Supervisor {
             lease,
             mut channel,
             applied,
+            run_sent,
         } = worker;
-        let request = RunRequest {
-            call_id: run.call_id.clone(),
-            tool: run.tool.clone(),
-            argv: run.argv.clone(),
-            stdin: run.stdin.clone(),
-            arguments_json: run.arguments_json.clone(),
-            output_limit_bytes: run.profile.limits.output_bytes,
-            stdio: if run.inherit_stdio.is_some() {
-                StdioMode::Inherit
-            } else {
-                StdioMode::Capture
-            },
-            builtin: run.builtin.clone(),
-        };
+        let request = (!run_sent).then(|| run_request(run));
         let conversation = {
             let talk = run_over(&mut channel, request);
             tokio::pin!(talk);
@@ -797,6 +804,7 @@ async fn confine_over(
     channel: &mut WorkerChannel,
     profile: &CompiledProfile,
     network: WorkerNetwork,
+    run_now: Option<RunRequest>,
 ) -> Result<AppliedIsolation, Conversation> {
     let violation = |what: String| Conversation::Broken(ChannelError::Violation(what));
     // Our Hello and the Setup go out at once, without waiting for the worker's Hello: the
@@ -814,6 +822,14 @@ async fn confine_over(
         ))))
         .await
         .map_err(Conversation::Broken)?;
+    // The worker reads a Run only after it has confined itself and said Ready; a worker
+    // that fails its set-up exits without reading it.
+    if let Some(request) = run_now {
+        channel
+            .send(&SupervisorMessage::Run(request))
+            .await
+            .map_err(Conversation::Broken)?;
+    }
     let started = Instant::now();
     match channel.receive().await {
         Ok(WorkerMessage::Hello { version }) if version == PROTOCOL_VERSION => {
@@ -848,15 +864,35 @@ fn spec_for(profile: &CompiledProfile, network: WorkerNetwork) -> airlock_protoc
     spec
 }
 
-/// The second half: run, report.
+/// What the worker is told to run for `run`.
+fn run_request(run: &SandboxRun) -> RunRequest {
+    RunRequest {
+        call_id: run.call_id.clone(),
+        tool: run.tool.clone(),
+        argv: run.argv.clone(),
+        stdin: run.stdin.clone(),
+        arguments_json: run.arguments_json.clone(),
+        output_limit_bytes: run.profile.limits.output_bytes,
+        stdio: if run.inherit_stdio.is_some() {
+            StdioMode::Inherit
+        } else {
+            StdioMode::Capture
+        },
+        builtin: run.builtin.clone(),
+    }
+}
+
+/// The second half: run (unless the Run went out with the Setup), report.
 async fn run_over(
     channel: &mut WorkerChannel,
-    request: RunRequest,
+    request: Option<RunRequest>,
 ) -> Result<WorkerMessage, Conversation> {
-    channel
-        .send(&SupervisorMessage::Run(request))
-        .await
-        .map_err(Conversation::Broken)?;
+    if let Some(request) = request {
+        channel
+            .send(&SupervisorMessage::Run(request))
+            .await
+            .map_err(Conversation::Broken)?;
+    }
     match channel.receive().await {
         Ok(report @ (WorkerMessage::Exited(_) | WorkerMessage::RunFailed { .. })) => Ok(report),
         Ok(other) => Err(Conversation::Broken(ChannelError::Violation(format!(
