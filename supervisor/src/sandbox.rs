@@ -628,35 +628,28 @@ impl Supervisor {
         // loaded machine either can stall, and the call must still end on time. A spawn
         // abandoned here is killed and reaped through its `ChildProcess` when the spawner's
         // reply is dropped; an abandoned exec through the lease.
-        let spawn = self.spawner.spawn(request);
-        tokio::pin!(spawn);
-        let spawned = tokio::select! {
-            outcome = &mut spawn => outcome,
-            () = sleep_until_precise(deadline) => return Err(failed(Conversation::TimedOut { applied: None }, lease)),
-            () = wait_cancel(cancel) => return Err(failed(Conversation::Cancelled { applied: None }, lease)),
-            () = self.closing.cancelled() => return Err(failed(Conversation::Cancelled { applied: None }, lease)),
-        };
-        let spawned = spawned.map_err(|e| {
+        let spawn_failed = |e: SpawnError| {
             let mut error = unavailable("spawn", error_chain(&e));
             error.transient = e.is_transient();
             PrepareError::Rejected(error)
-        })?;
+        };
+        // Pinned in place: moved by value, these large futures overflowed a debug build's
+        // 2 MiB runtime thread stack.
+        let spawn = self.spawner.spawn(request);
+        tokio::pin!(spawn);
+        let spawned = match self.unless_given_up(spawn, deadline, cancel).await {
+            Ok(spawned) => spawned.map_err(spawn_failed)?,
+            Err(gave_up) => return Err(failed(gave_up, lease)),
+        };
         // From here the lease owns the worker: dropping this future kills and reaps it.
         lease.pidfd = spawned.child.into_pidfd();
         let spawn_started = Instant::now();
         let exec = crate::spawn::await_exec(spawned.exec_report);
         tokio::pin!(exec);
-        let exec = tokio::select! {
-            outcome = &mut exec => outcome,
-            () = sleep_until_precise(deadline) => return Err(failed(Conversation::TimedOut { applied: None }, lease)),
-            () = wait_cancel(cancel) => return Err(failed(Conversation::Cancelled { applied: None }, lease)),
-            () = self.closing.cancelled() => return Err(failed(Conversation::Cancelled { applied: None }, lease)),
-        };
-        if let Err(e) = exec {
-            let mut error = unavailable("spawn", error_chain(&e));
-            error.transient = e.is_transient();
+        match self.unless_given_up(exec, deadline, cancel).await {
             // The lease kills and reaps the exiting child and removes its cgroup.
-            return Err(PrepareError::Rejected(error));
+            Ok(exec) => exec.map_err(spawn_failed)?,
+            Err(gave_up) => return Err(failed(gave_up, lease)),
         }
         tracing::debug!(
             until_exec_us = spawn_started.elapsed().as_micros() as u64,
@@ -682,12 +675,9 @@ impl Supervisor {
         let handshake = {
             let talk = confine_over(&mut channel, profile, network, run_now);
             tokio::pin!(talk);
-            tokio::select! {
-                outcome = &mut talk => outcome,
-                () = sleep_until_precise(deadline) => Err(Conversation::TimedOut { applied: None }),
-                () = wait_cancel(cancel) => Err(Conversation::Cancelled { applied: None }),
-                () = self.closing.cancelled() => Err(Conversation::Cancelled { applied: None }),
-            }
+            self.unless_given_up(talk, deadline, cancel)
+                .await
+                .and_then(|outcome| outcome)
         };
         // Confined and idle: now the CPU quota may bind (see `enforce_cpu_quota`).
         if handshake.is_ok()
@@ -707,6 +697,22 @@ impl Supervisor {
                 run_sent,
             }),
             Err(conversation) => Err(failed(conversation, lease)),
+        }
+    }
+
+    /// Runs `work` unless the deadline passes, the caller cancels or the supervisor closes
+    /// first (then `TimedOut` or `Cancelled`, before any isolation was applied).
+    async fn unless_given_up<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+        deadline: tokio::time::Instant,
+        cancel: Option<&CancelSignal>,
+    ) -> Result<T, Conversation> {
+        tokio::select! {
+            outcome = work => Ok(outcome),
+            () = sleep_until_precise(deadline) => Err(Conversation::TimedOut { applied: None }),
+            () = wait_cancel(cancel) => Err(Conversation::Cancelled { applied: None }),
+            () = self.closing.cancelled() => Err(Conversation::Cancelled { applied: None }),
         }
     }
 

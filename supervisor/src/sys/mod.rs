@@ -129,6 +129,20 @@ pub enum Ended {
 
 /// Reaps the process behind a pidfd if it has ended (`Ok(None)` if it still runs).
 pub fn try_reap_pidfd(pidfd: &OwnedFd) -> io::Result<Option<Ended>> {
+    wait_pidfd(pidfd, libc::WEXITED | libc::WNOHANG)
+}
+
+/// Waits, blocking, until the process behind a pidfd has ended, and reaps it. Only for a
+/// process that was sent SIGKILL (it cannot refuse to end); ECHILD (someone reaped it
+/// already) counts as done.
+pub fn reap_pidfd_blocking(pidfd: &OwnedFd) {
+    while matches!(wait_pidfd(pidfd, libc::WEXITED), Err(e) if e.kind() == io::ErrorKind::Interrupted)
+    {
+    }
+}
+
+/// waitid(P_PIDFD) with `flags`; `Ok(None)` when WNOHANG found it still running.
+fn wait_pidfd(pidfd: &OwnedFd, flags: libc::c_int) -> io::Result<Option<Ended>> {
     // SAFETY: siginfo_t is plain old data; zero is valid.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: `info` is a valid out-pointer; P_PIDFD takes the descriptor number as id.
@@ -137,7 +151,7 @@ pub fn try_reap_pidfd(pidfd: &OwnedFd) -> io::Result<Option<Ended>> {
             libc::P_PIDFD,
             pidfd.as_raw_fd() as libc::id_t,
             &mut info,
-            libc::WEXITED | libc::WNOHANG,
+            flags,
         )
     };
     check_int(ret)?;
@@ -151,29 +165,6 @@ pub fn try_reap_pidfd(pidfd: &OwnedFd) -> io::Result<Option<Ended>> {
     } else {
         Ended::Killed(status)
     }))
-}
-
-/// Waits, blocking, until the process behind a pidfd has ended, and reaps it. Only for a
-/// process that was sent SIGKILL (it cannot refuse to end); ECHILD (someone reaped it
-/// already) counts as done.
-pub fn reap_pidfd_blocking(pidfd: &OwnedFd) {
-    loop {
-        // SAFETY: siginfo_t is plain old data; zero is valid.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is a valid out-pointer; P_PIDFD takes the descriptor number as id.
-        let ret = unsafe {
-            libc::waitid(
-                libc::P_PIDFD,
-                pidfd.as_raw_fd() as libc::id_t,
-                &mut info,
-                libc::WEXITED,
-            )
-        };
-        match check_int(ret) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            _ => return,
-        }
-    }
 }
 
 /// Builds a NULL-terminated pointer array over CStrings (which must outlive its use).
