@@ -578,7 +578,7 @@ fn spawn_worker(
             .iter()
             .map(AsRawFd::as_raw_fd)
             .collect(),
-        maps_read.as_raw_fd(),
+        (maps_read.as_raw_fd(), maps_write.as_raw_fd()),
         [
             request.stdio[0].as_raw_fd(),
             request.stdio[1].as_raw_fd(),

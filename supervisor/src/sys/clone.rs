@@ -59,6 +59,8 @@ pub struct ChildMemory {
     socket: RawFd,
     /// Write end of a close-on-exec pipe where the child reports the errno of a failed step.
     report: RawFd,
+    /// The parent's write end of that pipe, which the child gets a copy of at clone.
+    maps_release: RawFd,
 }
 
 impl ChildMemory {
@@ -69,7 +71,7 @@ impl ChildMemory {
         image: RawFd,
         argv: Vec<CString>,
         join_cgroups: Vec<RawFd>,
-        maps_written: RawFd,
+        (maps_written, maps_release): (RawFd, RawFd),
         stdio: [RawFd; 3],
         socket: RawFd,
         report: RawFd,
@@ -85,6 +87,7 @@ impl ChildMemory {
             stdio,
             socket,
             report,
+            maps_release,
         })
     }
 }
@@ -388,6 +391,22 @@ fn child_step(memory: &ChildMemory, step: u8, nr: i64, args: [i64; 3]) -> i64 {
 
 /// The child side: raw syscalls only, never returns.
 fn run_child(memory: &ChildMemory) -> ! {
+    // A child whose supervisor dies before releasing it must not wait for its uid map
+    // forever, holding copies of the supervisor's descriptors: it dies with the spawning
+    // thread from the start (set again below: the credential change clears it), and it
+    // closes its own copy of the release pipe's write end, so the supervisor's death reads
+    // as EOF even if it came before the prctl.
+    child_syscall(libc::SYS_close, i64::from(memory.maps_release), 0, 0, 0, 0);
+    child_step(
+        memory,
+        5,
+        libc::SYS_prctl,
+        [
+            i64::from(libc::PR_SET_PDEATHSIG),
+            i64::from(libc::SIGKILL),
+            0,
+        ],
+    );
     // 0. Join the worker's cgroups first, so everything the worker does is accounted.
     for fd in &memory.join_cgroups {
         let written = child_step(
