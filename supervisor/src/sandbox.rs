@@ -148,6 +148,7 @@ impl ActiveCall {
 impl Drop for ActiveCall {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+        crate::spawn::SETTLED.notify_waiters();
     }
 }
 
@@ -333,11 +334,19 @@ impl Supervisor {
         }
         // Calls still cleaning up, and workers dropped midway whose reaping runs in the
         // background (process-wide, so another supervisor's can delay this one's close).
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while (self.active.load(Ordering::SeqCst) > 0 || crate::spawn::background_cleanups() > 0)
-            && Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            // Registered before the check, so a finish in between still wakes it.
+            let settled = crate::spawn::SETTLED.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.active.load(Ordering::SeqCst) == 0 && crate::spawn::background_cleanups() == 0 {
+                break;
+            }
+            tokio::select! {
+                () = &mut settled => {}
+                () = tokio::time::sleep_until(deadline) => break,
+            }
         }
     }
 
