@@ -1102,10 +1102,16 @@ fn read_file(path: &Path) -> Result<String, CgroupError> {
 fn read_from_start(file: &fs::File) -> io::Result<String> {
     use std::os::unix::fs::FileExt;
     let mut bytes = Vec::with_capacity(256);
-    let mut buffer = [0u8; 512];
+    let mut buffer = [0u8; 4096];
     loop {
         match file.read_at(&mut buffer, bytes.len() as u64) {
             Ok(0) => break,
+            // cgroupfs (seq_file) fills the buffer as far as the text goes, so a short read
+            // is the end: one pread per counter instead of two on the call's critical path.
+            Ok(n) if n < buffer.len() => {
+                bytes.extend_from_slice(&buffer[..n]);
+                break;
+            }
             Ok(n) => bytes.extend_from_slice(&buffer[..n]),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),

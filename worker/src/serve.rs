@@ -5,7 +5,7 @@ use std::os::unix::net::UnixStream;
 
 use airlock_protocol::{
     ExitStatus, LogLevel, LogRecord, PROTOCOL_VERSION, SandboxSpec, SupervisorMessage, ToolExit,
-    WorkerMessage, read_frame, write_frame,
+    WorkerMessage, frame::encode_frame, read_frame, write_frame,
 };
 
 use crate::confine::{StepTimings, confine_worker};
@@ -25,6 +25,24 @@ pub mod exit_code {
 
 fn send(stream: &mut UnixStream, message: &WorkerMessage) -> bool {
     write_frame(stream, message).is_ok()
+}
+
+/// Sends a debug log record and then `message` in one write, so the supervisor wakes once
+/// for both (a separate log frame cost the warm call a second wake-up round).
+fn send_after_log(stream: &mut UnixStream, log: String, message: &WorkerMessage) -> bool {
+    use std::io::Write;
+    let record = WorkerMessage::Log(LogRecord {
+        level: LogLevel::Debug,
+        message: log,
+    });
+    let Ok(mut frames) = encode_frame(&record) else {
+        return send(stream, message);
+    };
+    match encode_frame(message) {
+        Ok(frame) => frames.extend_from_slice(&frame),
+        Err(_) => return false,
+    }
+    stream.write_all(&frames).is_ok()
 }
 
 fn receive(stream: &mut UnixStream) -> Option<SupervisorMessage> {
@@ -121,12 +139,8 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
     let mut timings = StepTimings::default();
     match confine_worker(&spec, fd, &mut timings) {
         Ok(applied) => {
-            let record = LogRecord {
-                level: LogLevel::Debug,
-                message: format!("confinement steps: {}", timings.summary()),
-            };
-            let _ = send(&mut stream, &WorkerMessage::Log(record));
-            if !send(&mut stream, &WorkerMessage::Ready(applied)) {
+            let steps = format!("confinement steps: {}", timings.summary());
+            if !send_after_log(&mut stream, steps, &WorkerMessage::Ready(applied)) {
                 return exit_code::PROTOCOL;
             }
             rehearse_while_idle(&stream);
@@ -141,12 +155,8 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
             Some(SupervisorMessage::Run(request)) => {
                 let mut timings = StepTimings::default();
                 let report = run_tool(&spec, &request, &mut timings);
-                let record = LogRecord {
-                    level: LogLevel::Debug,
-                    message: format!("run steps: {}", timings.summary()),
-                };
-                let _ = send(&mut stream, &WorkerMessage::Log(record));
-                if !send(&mut stream, &report) {
+                let steps = format!("run steps: {}", timings.summary());
+                if !send_after_log(&mut stream, steps, &report) {
                     return exit_code::PROTOCOL;
                 }
             }
