@@ -45,7 +45,6 @@ fn build_worker(root: &Path, out_dir: &Path) -> Result<PathBuf, String> {
     let cargo = env::var_os("CARGO").ok_or("CARGO is not set")?;
     let profile = env::var("PROFILE").map_err(|_| "PROFILE is not set")?;
     let target = env::var("TARGET").map_err(|_| "TARGET is not set")?;
-    let host = env::var("HOST").map_err(|_| "HOST is not set")?;
     // OUT_DIR is <target dir>/[<triple>/]<profile>/build/<package>-<hash>/out: the nested
     // build lives beside `build`, shared by every build of this profile.
     let profile_dir = out_dir
@@ -64,9 +63,21 @@ fn build_worker(root: &Path, out_dir: &Path) -> Result<PathBuf, String> {
     if profile == "release" {
         command.arg("--release");
     }
-    if target != host {
-        command.args(["--target", &target]);
+    // Always an explicit --target: then the flags below reach only the worker, not the
+    // build scripts and proc macros compiled for the host.
+    command.args(["--target", &target]);
+    // A static worker (static-pie: still randomised): no dynamic loader, no libraries to
+    // map and relocate at each of its execs — 63 -> 36 page faults and about 0.15 ms less
+    // CPU per worker measured with `perf stat -r 300`. glibc warns at link time if code
+    // needs its dynamic parts (NSS, dlopen); the worker uses none.
+    let mut flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+    if target.ends_with("-linux-gnu") {
+        if !flags.is_empty() {
+            flags.push('\x1f');
+        }
+        flags.push_str("-Ctarget-feature=+crt-static");
     }
+    command.env("CARGO_ENCODED_RUSTFLAGS", flags);
     // `cargo clippy` lints through a workspace wrapper; the nested build only compiles.
     command.env_remove("RUSTC_WORKSPACE_WRAPPER");
     let output = command
@@ -81,9 +92,7 @@ fn build_worker(root: &Path, out_dir: &Path) -> Result<PathBuf, String> {
         ));
     }
     let mut binary = target_dir;
-    if target != host {
-        binary.push(&target);
-    }
+    binary.push(&target);
     binary.push(if profile == "release" {
         "release"
     } else {
