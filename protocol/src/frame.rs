@@ -99,9 +99,10 @@ pub fn write_frame_with_max<W: Write + ?Sized, T: Serialize + ?Sized>(
     message: &T,
     max_frame_bytes: usize,
 ) -> Result<(), FrameError> {
-    // One write for prefix and body: on a socket, two writes wake the reader twice.
-    let frame = encode_frame_with_max(message, max_frame_bytes)?;
-    writer.write_all(&frame).map_err(io_error("write"))?;
+    let body = encode_body(message, max_frame_bytes)?;
+    let prefix = length_prefix(body.len(), max_frame_bytes)?;
+    writer.write_all(&prefix).map_err(io_error("write"))?;
+    writer.write_all(&body).map_err(io_error("write"))?;
     writer.flush().map_err(io_error("flush"))
 }
 
