@@ -23,6 +23,9 @@ pub enum Profile {
     Loopback,
     /// A one-second deadline, for attacks that try to outlive it.
     ShortDeadline,
+    /// [`Profile::Closed`] plus a read-only bind nested below the writable workspace (where
+    /// a tool can plant a symlink on its path for the next call).
+    Nested,
 }
 
 impl Profile {
@@ -32,6 +35,7 @@ impl Profile {
             Profile::Closed => "battery",
             Profile::Loopback => "battery_loopback",
             Profile::ShortDeadline => "battery_deadline",
+            Profile::Nested => "battery_nested",
         }
     }
 }
@@ -43,7 +47,7 @@ pub struct Case {
     pub name: &'static str,
     /// The probe's attack.
     pub attack: &'static str,
-    /// Its arguments; `{workspace}`, `{abstract}`, `{socket}` and `{tcp}` are filled from
+    /// Its arguments; `{workspace}`, `{bait}`, `{abstract}`, `{socket}` and `{tcp}` are filled from
     /// the [`Fixture`].
     pub args: &'static [&'static str],
     /// Where it runs.
@@ -384,6 +388,23 @@ pub const CASES: &[Case] = &[
             "mounts",
         )
     },
+    // FS-05: the bind below the workspace is `nest/data`; the tool makes `nest` a link to
+    // a host directory beside the workspace. Followed, the next sandbox would bind the
+    // host's `bait/data` (at `bait/data` inside, reachable through the link); the set-up
+    // must refuse instead.
+    Case {
+        before: Some(("plant-symlink", &["{workspace}/nest", "../bait"])),
+        ..on(
+            Profile::Nested,
+            case(
+                "symlink planted on the path of a nested bind",
+                "read-file",
+                &["{bait}/data/canary"],
+                &["kind=sandbox_unavailable"],
+                "mounts",
+            ),
+        )
+    },
     case(
         "hardlink from /usr into the workspace",
         "hardlink",
@@ -486,6 +507,10 @@ impl Fixture {
                 std::os::unix::fs::chown(d, Some(uid), Some(uid))?;
             }
         }
+        // Bait beside the workspace: what a symlink planted in it may try to bring in.
+        std::fs::create_dir_all(dir.join("bait/data"))?;
+        std::fs::create_dir_all(dir.join("bait/public"))?;
+        std::fs::write(dir.join("bait/data/canary"), b"host file")?;
         let abstract_name = tag.clone();
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes())?;
         let abstract_listener = UnixListener::bind_addr(&addr)?;
@@ -505,6 +530,7 @@ impl Fixture {
 
     fn fill(&self, arg: &str) -> String {
         arg.replace("{workspace}", &self.workspace.display().to_string())
+            .replace("{bait}", &self.dir.join("bait").display().to_string())
             .replace("{abstract}", &self.abstract_name)
             .replace("{socket}", &self.socket.display().to_string())
             .replace("{tcp}", &self.tcp.to_string())
@@ -517,16 +543,25 @@ impl Fixture {
         let sub = format!("{ws}/sub");
         let probe = probe.display().to_string();
         let mut text = String::from("version = 1\n");
-        for (profile, network, timeout) in [
-            (Profile::Closed, "none", "20s"),
-            (Profile::Loopback, "loopback", "20s"),
-            (Profile::ShortDeadline, "none", "1s"),
+        let sub = format!("{sub:?}");
+        // The nested bind, and a bind that makes the bait's directory exist in the new
+        // root too, so that a followed link would find its mount point there.
+        let nested = format!(
+            "{:?}, {:?}",
+            format!("{ws}/nest/data"),
+            self.dir.join("bait/public").display().to_string()
+        );
+        for (profile, network, timeout, extra) in [
+            (Profile::Closed, "none", "20s", &sub),
+            (Profile::Loopback, "loopback", "20s", &sub),
+            (Profile::ShortDeadline, "none", "1s", &sub),
+            (Profile::Nested, "none", "20s", &nested),
         ] {
             text.push_str(&format!(
                 r#"
 [profiles.{name}]
 read = ["/usr", {probe:?}]
-read_optional = ["/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives", {sub:?}]
+read_optional = ["/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives", {extra}]
 write = [{ws:?}]
 tmpfs = {{ "/tmp" = "16MiB" }}
 network = "{network}"

@@ -8,6 +8,7 @@ pub mod builtin;
 pub mod confine;
 pub mod landlock;
 pub mod mounts;
+pub mod paths;
 pub mod run;
 pub mod serve;
 pub mod sys;

@@ -2,22 +2,31 @@
 //!
 //! The sandbox root is a tmpfs mounted over `/tmp` in the worker's private mount namespace
 //! and assembled there from binds of host paths; then one `pivot_root` makes it `/` and the
-//! host's root is detached. Host paths under `/tmp` (hidden by that tmpfs) are reached
-//! through a descriptor of the host's `/tmp` opened before it was covered.
+//! host's root is detached.
 //!
 //! One `pivot_root`, not bubblewrap's two (a base tmpfs as root first, the host under
 //! `/oldroot`): `pivot_root` walks every thread on the machine (`chroot_fs_refs`), which was
 //! a tenth of a pooled worker's CPU in a throughput profile, and grows with the host.
+//!
+//! Every path is resolved by [`crate::paths`], component by component, and every mount is
+//! made on the descriptors that walk opened: a symlink a tool planted in a writable bind
+//! for the next call is refused, never followed (escape battery FS-05). The bind sources
+//! are all opened first, while the host's `/tmp` is not yet covered by the new root.
 
-use std::fs;
+use std::ffi::{OsStr, OsString};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, symlink};
-use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
+use std::path::Path;
 
 use airlock_protocol::MountOp;
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open, openat, readlinkat};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
-use nix::sys::statvfs::{FsFlags, statvfs};
-use nix::unistd::{chdir, pivot_root};
+use nix::sys::stat::{Mode, SFlag};
+use nix::sys::statvfs::{FsFlags, fstatvfs};
+use nix::unistd::{chdir, pivot_root, symlinkat};
+
+use crate::paths::{Entry, FileId, PathError, Tree, fd_path, identify};
 
 /// Why the root filesystem could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -33,17 +42,9 @@ pub enum MountError {
         #[source]
         source: nix::Error,
     },
-    /// A file or directory could not be created.
-    #[error("{operation} {path}: {source}")]
-    Io {
-        /// What was attempted.
-        operation: &'static str,
-        /// The path involved.
-        path: String,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    /// A path could not be resolved safely.
+    #[error(transparent)]
+    Path(#[from] PathError),
     /// A required host path does not exist.
     #[error("host path {0} does not exist (mark it read_optional if it may be missing)")]
     MissingSource(String),
@@ -54,7 +55,7 @@ impl MountError {
     pub fn errno(&self) -> Option<i32> {
         match self {
             MountError::Syscall { source, .. } => Some(*source as i32),
-            MountError::Io { source, .. } => source.raw_os_error(),
+            MountError::Path(e) => Some(e.errno()),
             MountError::MissingSource(_) => Some(libc::ENOENT),
         }
     }
@@ -64,8 +65,8 @@ impl MountError {
 /// the worker's own mount namespace).
 const NEW_ROOT: &str = "/tmp";
 
-fn sys(operation: &'static str, path: &Path) -> impl FnOnce(nix::Error) -> MountError {
-    let path = path.display().to_string();
+fn sys(operation: &'static str, path: &str) -> impl FnOnce(nix::Error) -> MountError {
+    let path = path.to_string();
     move |source| MountError::Syscall {
         operation,
         path,
@@ -73,79 +74,129 @@ fn sys(operation: &'static str, path: &Path) -> impl FnOnce(nix::Error) -> Mount
     }
 }
 
-fn io_err(operation: &'static str, path: &Path) -> impl FnOnce(io::Error) -> MountError {
-    let path = path.display().to_string();
-    move |source| MountError::Io {
-        operation,
+fn open_dir(path: &str) -> Result<OwnedFd, MountError> {
+    open(
         path,
-        source,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(sys("open", path))
+}
+
+/// A bind source, opened on the host before anything was mounted.
+#[derive(Debug)]
+enum Source {
+    /// Optional and missing: the bind is skipped.
+    Missing,
+    /// A symlink (not below a writable bind): recreated in the sandbox with this text,
+    /// where it resolves against the sandbox's own tree. Merged-/usr hosts have
+    /// `/bin -> usr/bin`.
+    Link(OsString),
+    /// A directory or file to bind.
+    Node { fd: OwnedFd, dir: bool },
+}
+
+/// Opens host path `path` as a bind source.
+fn open_source(host: &Tree, path: &str, optional: bool) -> Result<Source, MountError> {
+    let missing = || {
+        if optional {
+            Ok(Source::Missing)
+        } else {
+            Err(MountError::MissingSource(path.to_string()))
+        }
+    };
+    let Some(entry) = host.parent_of(path, None)? else {
+        return missing();
+    };
+    let Some(fd) = entry.open().map_err(sys("open", path))? else {
+        return missing();
+    };
+    let (_, kind) = identify(&fd).map_err(sys("stat", path))?;
+    match kind {
+        SFlag::S_IFLNK if entry.tainted => Err(PathError::PlantedSymlink {
+            path: path.to_string(),
+            link: path.to_string(),
+        }
+        .into()),
+        SFlag::S_IFLNK => Ok(Source::Link(
+            readlinkat(&fd, "").map_err(sys("readlink", path))?,
+        )),
+        SFlag::S_IFDIR => Ok(Source::Node { fd, dir: true }),
+        _ => Ok(Source::Node { fd, dir: false }),
     }
 }
 
-/// `/newroot` + a sandbox path.
-fn in_new_root(path: &str) -> PathBuf {
-    Path::new(NEW_ROOT).join(path.trim_start_matches('/'))
-}
-
-/// The host's paths while the new root is assembled over [`NEW_ROOT`].
-struct HostPaths {
-    /// The host's own `/tmp` directory, opened before the new root covered it.
-    covered: fs::File,
-}
-
-impl HostPaths {
-    /// Opens the host's [`NEW_ROOT`] directory; call before mounting over it.
-    fn open() -> Result<Self, MountError> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let path = Path::new(NEW_ROOT);
-        let covered = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(io_err("open", path))?;
-        Ok(Self { covered })
-    }
-
-    /// The path that names host path `path` now: itself, or, under the covered directory,
-    /// the same place reached through the descriptor (a lookup from an opened directory
-    /// does not enter what is mounted on top of it).
-    fn source(&self, path: &str) -> PathBuf {
-        use std::os::fd::AsRawFd;
-        match path.strip_prefix(NEW_ROOT) {
-            Some(rest) if rest.is_empty() || rest.starts_with('/') => {
-                PathBuf::from(format!("/proc/self/fd/{}", self.covered.as_raw_fd()))
-                    .join(rest.trim_start_matches('/'))
+/// Opens every bind source of `plan` (`None` for the plan's other steps), refusing
+/// symlinks below a writable bind. The writable binds are resolved first, parents first
+/// as the plan orders them, to learn the identities that mark "below a writable bind";
+/// then all sources are resolved again knowing all of them.
+fn open_sources(plan: &[MountOp]) -> Result<(Vec<Option<Source>>, Vec<FileId>), MountError> {
+    let root = open_dir("/")?;
+    let mut writable = Vec::new();
+    for op in plan {
+        if let MountOp::Bind {
+            source,
+            writable: true,
+            optional,
+            ..
+        } = op
+        {
+            let host = Tree::new(
+                root.try_clone().map_err(io_sys("dup", "/"))?,
+                writable.clone(),
+            )
+            .map_err(sys("stat", "/"))?;
+            if let Source::Node { fd, .. } = open_source(&host, source, *optional)? {
+                writable.push(identify(&fd).map_err(sys("stat", source))?.0);
             }
-            _ => PathBuf::from(path),
         }
     }
+    let host = Tree::new(root, writable.clone()).map_err(sys("stat", "/"))?;
+    let sources = plan
+        .iter()
+        .map(|op| match op {
+            MountOp::Bind {
+                source, optional, ..
+            } => open_source(&host, source, *optional).map(Some),
+            _ => Ok(None),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((sources, writable))
 }
 
-fn create_dirs(path: &Path, mode: u32) -> Result<(), MountError> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(mode)
-        .create(path)
-        .map_err(io_err("mkdir", path))
-}
-
-fn create_file(path: &Path) -> Result<(), MountError> {
-    if let Some(parent) = path.parent() {
-        create_dirs(parent, 0o755)?;
+fn io_sys(operation: &'static str, path: &str) -> impl FnOnce(io::Error) -> MountError {
+    let path = path.to_string();
+    move |e| MountError::Syscall {
+        operation,
+        path,
+        source: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
     }
-    fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map(drop)
-        .map_err(io_err("create mount point", path))
+}
+
+/// The host's five harmless devices, opened like any bind source.
+const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
+
+fn open_devices(plan: &[MountOp]) -> Result<Vec<OwnedFd>, MountError> {
+    if !plan.iter().any(|op| matches!(op, MountOp::Dev { .. })) {
+        return Ok(Vec::new());
+    }
+    let host = Tree::new(open_dir("/")?, Vec::new()).map_err(sys("stat", "/"))?;
+    DEVICES
+        .iter()
+        .map(|name| {
+            let path = format!("/dev/{name}");
+            match open_source(&host, &path, false)? {
+                Source::Node { fd, dir: false } => Ok(fd),
+                _ => Err(sys("open", &path)(Errno::ENODEV)),
+            }
+        })
+        .collect()
 }
 
 /// Flags a remount must keep: in a user namespace the kernel locks the flags a mount had
 /// when it was inherited, and a remount that drops one fails with EPERM.
-fn locked_flags(path: &Path) -> Result<MsFlags, MountError> {
-    let stat = statvfs(path).map_err(sys("statvfs", path))?;
+fn locked_flags(fd: &OwnedFd, path: &str) -> Result<MsFlags, MountError> {
+    let stat = fstatvfs(fd).map_err(sys("statvfs", path))?;
     let f = stat.flags();
     let mut flags = MsFlags::empty();
     for (st, ms) in [
@@ -164,94 +215,163 @@ fn locked_flags(path: &Path) -> Result<MsFlags, MountError> {
     Ok(flags)
 }
 
-/// Binds `source` on `target` (non-recursively: submounts of the host stay invisible) and
-/// remounts it nosuid, nodev, and read-only unless `writable`.
-fn bind(source: &Path, target: &Path, writable: bool, extra: MsFlags) -> Result<(), MountError> {
-    mount(
-        Some(source),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .map_err(sys("bind", target))?;
-    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | extra | locked_flags(target)?;
+/// What a mount point must be.
+#[derive(Debug, Clone, Copy)]
+enum Point {
+    /// A directory, created with this mode if missing.
+    Dir(u32),
+    /// A file, created empty if missing.
+    File,
+}
+
+/// A mount point in the new root, opened: the entry it was reached by (to look it up again
+/// once something is mounted on it) and the point itself.
+struct MountPoint {
+    entry: Entry,
+    fd: OwnedFd,
+    path: String,
+}
+
+impl MountPoint {
+    /// Resolves `path` in the new root, creating what is missing; a symlink as the mount
+    /// point is refused (the kernel would follow it).
+    fn make(tree: &Tree, path: &str, point: Point) -> Result<Self, MountError> {
+        let parent_mode = match point {
+            Point::Dir(mode) => mode,
+            Point::File => 0o755,
+        };
+        let entry = tree
+            .parent_of(path, Some(parent_mode))?
+            .ok_or_else(|| sys("mount on", path)(Errno::EINVAL))?;
+        let created = match point {
+            Point::Dir(mode) => nix::sys::stat::mkdirat(
+                &entry.parent,
+                entry.name.as_os_str(),
+                Mode::from_bits_truncate(mode),
+            ),
+            Point::File => openat(
+                &entry.parent,
+                entry.name.as_os_str(),
+                OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_WRONLY
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o644),
+            )
+            .map(drop),
+        };
+        match created {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(sys("create mount point", path)(e)),
+        }
+        let fd = entry
+            .open()
+            .map_err(sys("open mount point", path))?
+            .ok_or_else(|| sys("open mount point", path)(Errno::ENOENT))?;
+        let (_, kind) = identify(&fd).map_err(sys("stat", path))?;
+        if kind == SFlag::S_IFLNK {
+            return Err(if entry.tainted {
+                PathError::PlantedSymlink {
+                    path: path.to_string(),
+                    link: path.to_string(),
+                }
+            } else {
+                PathError::LinkAsMountPoint(path.to_string())
+            }
+            .into());
+        }
+        Ok(Self {
+            entry,
+            fd,
+            path: path.to_string(),
+        })
+    }
+
+    /// Mounts on the point itself, through its descriptor.
+    fn mount(
+        &self,
+        source: Option<&Path>,
+        fstype: Option<&str>,
+        flags: MsFlags,
+        data: Option<&str>,
+        operation: &'static str,
+    ) -> Result<(), MountError> {
+        mount(source, &fd_path(&self.fd), fstype, flags, data).map_err(sys(operation, &self.path))
+    }
+
+    /// The root of what is now mounted on the point (looked up by name again: the lookup
+    /// enters the new mount, the descriptor taken before does not).
+    fn mounted(&self) -> Result<OwnedFd, MountError> {
+        self.entry
+            .open()
+            .map_err(sys("open mount", &self.path))?
+            .ok_or_else(|| sys("open mount", &self.path)(Errno::ENOENT))
+    }
+
+    /// Remounts what was mounted on the point with `flags`.
+    fn remount(&self, top: &OwnedFd, flags: MsFlags) -> Result<(), MountError> {
+        mount(
+            None::<&str>,
+            &fd_path(top),
+            None::<&str>,
+            MsFlags::MS_REMOUNT | flags,
+            None::<&str>,
+        )
+        .map_err(sys("remount", &self.path))
+    }
+}
+
+/// Binds `source` on the mount point (non-recursively: submounts of the host stay
+/// invisible) and remounts it nosuid, nodev, and read-only unless `writable`.
+fn bind(
+    source: &OwnedFd,
+    point: &MountPoint,
+    writable: bool,
+    extra: MsFlags,
+) -> Result<(), MountError> {
+    let locked = locked_flags(source, &point.path)?;
+    point.mount(Some(&fd_path(source)), None, MsFlags::MS_BIND, None, "bind")?;
+    let top = point.mounted()?;
+    // What the point shows now must be the source itself: nothing was swapped in between.
+    let want = identify(source).map_err(sys("stat", &point.path))?.0;
+    if identify(&top).map_err(sys("stat", &point.path))?.0 != want {
+        return Err(sys("bind", &point.path)(Errno::ESTALE));
+    }
+    let mut flags = MsFlags::MS_BIND | extra | locked;
     if !writable {
         flags |= MsFlags::MS_RDONLY;
     }
-    mount(None::<&str>, target, None::<&str>, flags, None::<&str>).map_err(sys("remount", target))
+    point.remount(&top, flags)
 }
 
 fn mount_tmpfs(
-    target: &Path,
+    point: &MountPoint,
     size_bytes: u64,
     mode: u32,
     flags: MsFlags,
 ) -> Result<(), MountError> {
     let options = format!("size={size_bytes},mode={mode:o}");
-    mount(
-        Some("tmpfs"),
-        target,
+    point.mount(
+        Some(Path::new("tmpfs")),
         Some("tmpfs"),
         flags,
-        Some(options.as_str()),
+        Some(&options),
+        "mount tmpfs",
     )
-    .map_err(sys("mount tmpfs", target))
-}
-
-fn apply_bind(
-    host: &HostPaths,
-    source: &str,
-    target: &str,
-    writable: bool,
-    optional: bool,
-) -> Result<(), MountError> {
-    let from = host.source(source);
-    let to = in_new_root(target);
-    let meta = match fs::symlink_metadata(&from) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && optional => return Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(MountError::MissingSource(source.to_string()));
-        }
-        Err(e) => return Err(io_err("stat", &from)(e)),
-    };
-    if meta.file_type().is_symlink() {
-        // Merged-/usr hosts have /bin -> usr/bin: recreate the link, which resolves inside
-        // the sandbox, instead of binding what it points to on the host.
-        let link = fs::read_link(&from).map_err(io_err("readlink", &from))?;
-        if let Some(parent) = to.parent() {
-            create_dirs(parent, 0o755)?;
-        }
-        return symlink(&link, &to).map_err(io_err("symlink", &to));
-    }
-    if meta.is_dir() {
-        create_dirs(&to, 0o755)?;
-    } else {
-        create_file(&to)?;
-    }
-    bind(&from, &to, writable, MsFlags::MS_NOSUID | MsFlags::MS_NODEV)
 }
 
 /// A minimal /dev: a small read-only tmpfs holding binds of the five harmless devices.
-fn build_dev(host: &HostPaths, target: &str) -> Result<(), MountError> {
-    let dev = in_new_root(target);
-    create_dirs(&dev, 0o755)?;
-    mount_tmpfs(
-        &dev,
-        64 << 10,
-        0o755,
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-    )?;
-    for name in ["null", "zero", "full", "random", "urandom"] {
-        let node = dev.join(name);
-        create_file(&node)?;
-        bind(
-            &host.source(&format!("/dev/{name}")),
-            &node,
-            true,
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        )?;
+fn build_dev(tree: &Tree, devices: &[OwnedFd], target: &str) -> Result<(), MountError> {
+    let point = MountPoint::make(tree, target, Point::Dir(0o755))?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
+    mount_tmpfs(&point, 64 << 10, 0o755, flags)?;
+    let top = point.mounted()?;
+    let dev = Tree::new(top.try_clone().map_err(io_sys("dup", target))?, Vec::new())
+        .map_err(sys("stat", target))?;
+    for (name, fd) in DEVICES.iter().zip(devices) {
+        let node = MountPoint::make(&dev, name, Point::File)?;
+        bind(fd, &node, true, flags)?;
     }
     for (link, name) in [
         ("/proc/self/fd", "fd"),
@@ -259,52 +379,82 @@ fn build_dev(host: &HostPaths, target: &str) -> Result<(), MountError> {
         ("/proc/self/fd/1", "stdout"),
         ("/proc/self/fd/2", "stderr"),
     ] {
-        let path = dev.join(name);
-        symlink(link, &path).map_err(io_err("symlink", &path))?;
+        symlinkat(link, &top, name).map_err(sys("symlink", target))?;
     }
-    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
-    mount(None::<&str>, &dev, None::<&str>, flags, None::<&str>)
-        .map_err(sys("remount read-only", &dev))
+    point.remount(&top, MsFlags::MS_RDONLY | flags)
 }
 
-fn apply(host: &HostPaths, op: &MountOp) -> Result<(), MountError> {
+/// Makes the symlink `path` in the new root (its directory must not be reached through a
+/// symlink below a writable bind either).
+fn make_symlink(tree: &Tree, link_target: &OsStr, path: &str) -> Result<(), MountError> {
+    let entry = tree
+        .parent_of(path, Some(0o755))?
+        .ok_or_else(|| sys("symlink", path)(Errno::EINVAL))?;
+    symlinkat(link_target, &entry.parent, entry.name.as_os_str()).map_err(sys("symlink", path))
+}
+
+fn apply(
+    tree: &Tree,
+    devices: &[OwnedFd],
+    op: &MountOp,
+    source: Option<Source>,
+) -> Result<(), MountError> {
     match op {
         MountOp::Bind {
-            source,
-            target,
-            writable,
-            optional,
-        } => apply_bind(host, source, target, *writable, *optional),
+            target, writable, ..
+        } => match source {
+            None | Some(Source::Missing) => Ok(()),
+            Some(Source::Link(text)) => make_symlink(tree, &text, target),
+            Some(Source::Node { fd, dir }) => {
+                let point = if dir { Point::Dir(0o755) } else { Point::File };
+                let point = MountPoint::make(tree, target, point)?;
+                bind(
+                    &fd,
+                    &point,
+                    *writable,
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                )
+            }
+        },
         MountOp::Tmpfs {
             target,
             size_bytes,
             mode,
         } => {
-            let path = in_new_root(target);
-            create_dirs(&path, 0o755)?;
+            let point = MountPoint::make(tree, target, Point::Dir(0o755))?;
             mount_tmpfs(
-                &path,
+                &point,
                 *size_bytes,
                 *mode,
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             )
         }
         MountOp::Proc { target } => {
-            let path = in_new_root(target);
-            create_dirs(&path, 0o555)?;
+            let point = MountPoint::make(tree, target, Point::Dir(0o555))?;
             let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-            mount(Some("proc"), &path, Some("proc"), flags, None::<&str>)
-                .map_err(sys("mount proc", &path))
+            point.mount(
+                Some(Path::new("proc")),
+                Some("proc"),
+                flags,
+                None,
+                "mount proc",
+            )
         }
-        MountOp::Dev { target } => build_dev(host, target),
-        MountOp::Symlink { link_target, path } => {
-            let at = in_new_root(path);
-            if let Some(parent) = at.parent() {
-                create_dirs(parent, 0o755)?;
+        MountOp::Dev { target } => build_dev(tree, devices, target),
+        MountOp::Symlink { link_target, path } => make_symlink(tree, OsStr::new(link_target), path),
+        MountOp::Dir { path, mode } => {
+            let entry = tree
+                .parent_of(path, Some(*mode))?
+                .ok_or_else(|| sys("mkdir", path)(Errno::EINVAL))?;
+            match nix::sys::stat::mkdirat(
+                &entry.parent,
+                entry.name.as_os_str(),
+                Mode::from_bits_truncate(*mode),
+            ) {
+                Ok(()) | Err(Errno::EEXIST) => Ok(()),
+                Err(e) => Err(sys("mkdir", path)(e)),
             }
-            symlink(link_target, &at).map_err(io_err("symlink", &at))
         }
-        MountOp::Dir { path, mode } => create_dirs(&in_new_root(path), *mode),
     }
 }
 
@@ -312,41 +462,57 @@ fn apply(host: &HostPaths, op: &MountOp) -> Result<(), MountError> {
 /// worker's own user and mount namespaces. Afterwards nothing of the host filesystem is
 /// reachable but what the plan bound.
 pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
-    let root = Path::new("/");
     // Propagation private first: nothing we mount may leak to the host, and no host mount
     // event may appear in the sandbox later.
     mount(
         None::<&str>,
-        root,
+        "/",
         None::<&str>,
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(sys("make private", root))?;
+    .map_err(sys("make private", "/"))?;
 
-    let host = HostPaths::open()?;
-    let new_root = Path::new(NEW_ROOT);
+    // Sources first, while the host's /tmp is still visible under the new root's place.
+    let (sources, writable) = open_sources(plan)?;
+    let devices = open_devices(plan)?;
+
+    let new_root = open_dir(NEW_ROOT)?;
+    let root_point = MountPoint {
+        entry: Entry {
+            parent: open_dir("/")?,
+            name: OsString::from(NEW_ROOT.trim_start_matches('/')),
+            tainted: false,
+        },
+        fd: new_root,
+        path: NEW_ROOT.to_string(),
+    };
     mount_tmpfs(
-        new_root,
+        &root_point,
         1 << 20,
         0o755,
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
     )?;
-    for op in plan {
+    let top = root_point.mounted()?;
+    let tree = Tree::new(top.try_clone().map_err(io_sys("dup", NEW_ROOT))?, writable)
+        .map_err(sys("stat", NEW_ROOT))?;
+    for (op, source) in plan.iter().zip(sources) {
         // proc must be mounted while the host's /proc is still visible: the kernel refuses
         // a new procfs in a user namespace otherwise (mount_too_revealing).
-        apply(&host, op)?;
+        apply(&tree, &devices, op, source)?;
     }
-    drop(host);
+    drop(tree);
     // The assembled root itself is read-only; writable places are the plan's binds and tmpfs.
-    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    mount(None::<&str>, new_root, None::<&str>, flags, None::<&str>)
-        .map_err(sys("remount read-only", new_root))?;
+    root_point.remount(
+        &top,
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+    )?;
+    drop((top, root_point, devices));
 
     // Make the new root `/`: pivot_root(".", ".") stacks the host's root on top of it, and
     // the lazy unmount detaches that (with every host mount under it) for good.
-    chdir(new_root).map_err(sys("chdir", new_root))?;
-    pivot_root(".", ".").map_err(sys("pivot_root", new_root))?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root", root))?;
-    chdir(root).map_err(sys("chdir", root))
+    chdir(NEW_ROOT).map_err(sys("chdir", NEW_ROOT))?;
+    pivot_root(".", ".").map_err(sys("pivot_root", NEW_ROOT))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root", "/"))?;
+    chdir("/").map_err(sys("chdir", "/"))
 }

@@ -1,0 +1,359 @@
+//! Resolving the mount plan's paths so that no symlink planted by an earlier call can
+//! redirect them (escape battery FS-05).
+//!
+//! A writable bind persists between calls: a tool may leave `ws/cfg -> ../../etc` behind,
+//! and a later worker that binds `ws/cfg/ssh` by path would bind the host's `/etc/ssh`.
+//! So paths are never handed to the kernel whole. They are walked one component at a time
+//! with `O_PATH | O_NOFOLLOW`, the walk keeps a descriptor of every step, and the mounts are
+//! made on those descriptors (`/proc/self/fd/N`), never on a path looked up again.
+//!
+//! A symlink met on the way is followed only while the walk has not yet passed through a
+//! writable bind's directory (recognised by device and inode, so an alias of it is caught
+//! too): above it, links belong to whoever set up the host; below it, to the tool. Below it
+//! a symlink is refused. Absolute link texts restart at the walk's root and `..` stops
+//! there, so even a followed link cannot leave the tree being built.
+
+use std::collections::VecDeque;
+use std::ffi::{OsStr, OsString};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, openat, readlinkat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, mkdirat};
+
+/// A file's identity: device and inode.
+pub type FileId = (u64, u64);
+
+/// How many symlinks one walk may follow (the kernel's own limit).
+const MAX_LINKS: usize = 40;
+
+/// Why a path could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    /// A symlink below a writable bind: the tool may have planted it.
+    #[error(
+        "{path}: {link} is a symlink inside a writable bind, where a tool may have planted \
+         it; refusing to follow it (remove it, or do not nest mounts below writable binds)"
+    )]
+    PlantedSymlink {
+        /// The path being resolved.
+        path: String,
+        /// The symlink's own path, as far as the walk got.
+        link: String,
+    },
+    /// A mount point is itself a symlink.
+    #[error("{0}: the mount point is a symlink")]
+    LinkAsMountPoint(String),
+    /// Too many symlinks, or a component that is not a directory.
+    #[error("{path}: {source}")]
+    Lookup {
+        /// The path being resolved.
+        path: String,
+        /// The errno.
+        #[source]
+        source: Errno,
+    },
+}
+
+impl PathError {
+    /// The errno closest to the failure.
+    pub fn errno(&self) -> i32 {
+        match self {
+            PathError::PlantedSymlink { .. } | PathError::LinkAsMountPoint(_) => libc::ELOOP,
+            PathError::Lookup { source, .. } => *source as i32,
+        }
+    }
+}
+
+/// `/proc/self/fd/N`: the path the kernel resolves to exactly what `fd` holds.
+pub fn fd_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// Identity and type of what `fd` holds.
+pub fn identify(fd: &OwnedFd) -> nix::Result<(FileId, SFlag)> {
+    let st: FileStat = fstat(fd)?;
+    Ok((
+        (st.st_dev, st.st_ino),
+        SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()),
+    ))
+}
+
+/// Opens `name` in `dir` without following it, whatever it is.
+fn open_nofollow(dir: &OwnedFd, name: &OsStr) -> nix::Result<OwnedFd> {
+    openat(
+        dir,
+        name,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+fn components(path: &OsStr) -> impl Iterator<Item = OsString> + '_ {
+    path.as_bytes()
+        .split(|b| *b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .map(|c| OsStr::from_bytes(c).to_os_string())
+}
+
+/// The last component of a resolved path, in the directory that holds it.
+#[derive(Debug)]
+pub struct Entry {
+    /// The directory, opened `O_PATH`.
+    pub parent: OwnedFd,
+    /// The name in it.
+    pub name: OsString,
+    /// Whether the walk passed through a writable bind to get here.
+    pub tainted: bool,
+}
+
+impl Entry {
+    /// Opens the entry itself without following it, `None` when it does not exist.
+    pub fn open(&self) -> Result<Option<OwnedFd>, nix::Error> {
+        match open_nofollow(&self.parent, &self.name) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A directory tree whose paths are resolved component by component: the host's root for
+/// bind sources, the new root for mount points.
+#[derive(Debug)]
+pub struct Tree {
+    root: OwnedFd,
+    root_id: FileId,
+    writable: Vec<FileId>,
+}
+
+impl Tree {
+    /// A tree rooted at the directory `root`; `writable` holds the identities of the
+    /// writable binds' directories, below which symlinks are refused.
+    pub fn new(root: OwnedFd, writable: Vec<FileId>) -> nix::Result<Self> {
+        let (root_id, _) = identify(&root)?;
+        Ok(Self {
+            root,
+            root_id,
+            writable,
+        })
+    }
+
+    /// Resolves every component of `path` but the last to a directory, creating missing
+    /// ones with `make_mode` if given (else a missing one gives `None`). The last
+    /// component is returned unopened; `path` naming the root itself gives `Ok(None)` too
+    /// unless the caller handles the root (no plan mounts over `/`).
+    pub fn parent_of(
+        &self,
+        path: &str,
+        make_mode: Option<u32>,
+    ) -> Result<Option<Entry>, PathError> {
+        let lookup = |source: Errno| PathError::Lookup {
+            path: path.to_string(),
+            source,
+        };
+        let mut pending: VecDeque<OsString> = components(OsStr::new(path)).collect();
+        let Some(name) = pending.pop_back() else {
+            return Ok(None);
+        };
+        if name == ".." {
+            return Err(lookup(Errno::EINVAL));
+        }
+        let mut dir = self.root.try_clone().map_err(|e| lookup(io_errno(&e)))?;
+        let mut tainted = self.writable.contains(&self.root_id);
+        let mut walked = PathBuf::from("/");
+        let mut links = 0;
+        while let Some(step) = pending.pop_front() {
+            if step == ".." {
+                // Only from a link text (policy paths have no `..`); never above the root.
+                let (id, _) = identify(&dir).map_err(lookup)?;
+                if id != self.root_id {
+                    dir = openat(
+                        &dir,
+                        "..",
+                        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(lookup)?;
+                }
+                walked.pop();
+                continue;
+            }
+            walked.push(&step);
+            let next = match open_nofollow(&dir, &step) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => match make_mode {
+                    None => return Ok(None),
+                    Some(mode) => {
+                        match mkdirat(&dir, step.as_os_str(), Mode::from_bits_truncate(mode)) {
+                            Ok(()) | Err(Errno::EEXIST) => {}
+                            Err(e) => return Err(lookup(e)),
+                        }
+                        open_nofollow(&dir, &step).map_err(lookup)?
+                    }
+                },
+                Err(e) => return Err(lookup(e)),
+            };
+            let (id, kind) = identify(&next).map_err(lookup)?;
+            if kind == SFlag::S_IFLNK {
+                if tainted {
+                    return Err(PathError::PlantedSymlink {
+                        path: path.to_string(),
+                        link: walked.display().to_string(),
+                    });
+                }
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(lookup(Errno::ELOOP));
+                }
+                let text = readlinkat(&next, "").map_err(lookup)?;
+                if text.as_bytes().starts_with(b"/") {
+                    dir = self.root.try_clone().map_err(|e| lookup(io_errno(&e)))?;
+                    walked = PathBuf::from("/");
+                } else {
+                    walked.pop();
+                }
+                for part in components(&text).collect::<Vec<_>>().into_iter().rev() {
+                    pending.push_front(part);
+                }
+                continue;
+            }
+            if kind != SFlag::S_IFDIR {
+                return Err(lookup(Errno::ENOTDIR));
+            }
+            tainted |= self.writable.contains(&id);
+            dir = next;
+        }
+        let (id, _) = identify(&dir).map_err(lookup)?;
+        Ok(Some(Entry {
+            parent: dir,
+            name,
+            tainted: tainted || self.writable.contains(&id),
+        }))
+    }
+}
+
+fn io_errno(e: &std::io::Error) -> Errno {
+    Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn open_dir(path: &std::path::Path) -> OwnedFd {
+        openat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("airlock-paths-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// The identity of what `entry` names, following nothing.
+    fn target_id(entry: &Entry) -> FileId {
+        identify(&entry.open().unwrap().unwrap()).unwrap().0
+    }
+
+    fn id_of(path: &std::path::Path) -> FileId {
+        identify(&open_dir(path)).unwrap().0
+    }
+
+    #[test]
+    fn a_link_planted_below_a_writable_directory_is_refused() {
+        let dir = scratch("planted");
+        std::fs::create_dir_all(dir.join("ws")).unwrap();
+        std::fs::create_dir_all(dir.join("secret/data")).unwrap();
+        symlink("../secret", dir.join("ws/cfg")).unwrap();
+        let tree = Tree::new(open_dir(&dir), vec![id_of(&dir.join("ws"))]).unwrap();
+        let err = tree.parent_of("/ws/cfg/data", None).unwrap_err();
+        assert!(
+            matches!(&err, PathError::PlantedSymlink { link, .. } if link == "/ws/cfg"),
+            "{err}"
+        );
+        // The same link, with no writable directory above it, is the host's own: followed.
+        let tree = Tree::new(open_dir(&dir), vec![]).unwrap();
+        let entry = tree.parent_of("/ws/cfg/data", None).unwrap().unwrap();
+        assert_eq!(target_id(&entry), id_of(&dir.join("secret/data")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_alias_of_a_writable_directory_taints_the_walk_too() {
+        let dir = scratch("alias");
+        std::fs::create_dir_all(dir.join("ws")).unwrap();
+        std::fs::create_dir_all(dir.join("etc/ssh")).unwrap();
+        symlink("ws", dir.join("alias")).unwrap();
+        symlink("../etc", dir.join("ws/cfg")).unwrap();
+        let tree = Tree::new(open_dir(&dir), vec![id_of(&dir.join("ws"))]).unwrap();
+        let err = tree.parent_of("/alias/cfg/ssh", None).unwrap_err();
+        assert!(matches!(err, PathError::PlantedSymlink { .. }), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn links_and_dotdot_never_leave_the_root() {
+        let dir = scratch("beneath");
+        let root = dir.join("root");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir_all(dir.join("etc")).unwrap();
+        symlink("../../../../etc", root.join("up")).unwrap();
+        symlink("/etc", root.join("abs")).unwrap();
+        let tree = Tree::new(open_dir(&root), vec![]).unwrap();
+        for path in ["/up/x", "/abs/x"] {
+            let entry = tree.parent_of(path, None).unwrap().unwrap();
+            assert_eq!(
+                identify(&entry.parent).unwrap().0,
+                id_of(&root.join("etc")),
+                "{path}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn missing_directories_are_created_only_when_asked() {
+        let dir = scratch("make");
+        let tree = Tree::new(open_dir(&dir), vec![]).unwrap();
+        assert!(tree.parent_of("/a/b/c", None).unwrap().is_none());
+        let entry = tree.parent_of("/a/b/c", Some(0o755)).unwrap().unwrap();
+        assert_eq!(entry.name, "c");
+        assert!(dir.join("a/b").is_dir());
+        assert!(entry.open().unwrap().is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_symlink_loop_ends_in_eloop() {
+        let dir = scratch("loop");
+        symlink("b", dir.join("a")).unwrap();
+        symlink("a", dir.join("b")).unwrap();
+        let tree = Tree::new(open_dir(&dir), vec![]).unwrap();
+        let err = tree.parent_of("/a/x", None).unwrap_err();
+        assert_eq!(err.errno(), libc::ELOOP, "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_file_in_the_middle_is_not_a_directory() {
+        let dir = scratch("notdir");
+        std::fs::write(dir.join("f"), b"").unwrap();
+        let tree = Tree::new(open_dir(&dir), vec![]).unwrap();
+        let err = tree.parent_of("/f/x", None).unwrap_err();
+        assert_eq!(err.errno(), libc::ENOTDIR, "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
