@@ -384,9 +384,12 @@ fn run_tool_inner(
     }
 
     timings.mark("tool");
-    // Whatever the tool left running (daemons, double forks) dies with it.
-    let _ = sys::kill_every_other_process();
-    let _ = sys::reap_all_children();
+    // Whatever the tool left running (daemons, double forks) dies with it. kill(-1) visits
+    // every process on the host, not just ours, so it is skipped when nothing is left.
+    if sys::has_children() {
+        let _ = sys::kill_every_other_process();
+        let _ = sys::reap_all_children();
+    }
     timings.mark("reap");
     let (user_cpu_us, system_cpu_us) = sys::children_cpu_time_us();
     Ok(ToolExit {

@@ -312,6 +312,20 @@ pub fn write_raw(fd: RawFd, bytes: &[u8]) -> io::Result<usize> {
     }
 }
 
+/// Whether this process has any child left, running, stopped or a zombie. As PID 1 of a
+/// pid namespace, none means the namespace holds no other process: every process in it
+/// descends from us, and an orphan is re-parented to us or to a subreaper that is itself
+/// a descendant.
+pub fn has_children() -> bool {
+    // SAFETY: an all-zero siginfo_t is a valid value of the plain C struct.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WSTOPPED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL;
+    // SAFETY: `info` is a valid out-pointer for the duration of the call; WNOWAIT leaves
+    // any child it reports waitable.
+    let ret = unsafe { libc::waitid(libc::P_ALL, 0, &mut info, flags) };
+    !(ret == -1 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD))
+}
+
 /// Blocks until every child has been reaped (ECHILD).
 pub fn reap_all_children() -> io::Result<()> {
     loop {
