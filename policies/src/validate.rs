@@ -480,6 +480,35 @@ fn check_profile(
             tmpfs.push((p, b));
         }
     }
+    // A mount below a writable bind: a tool may replace a directory on its path with a
+    // symlink, and the worker then refuses to build later sandboxes (escape battery FS-05).
+    let spans = file
+        .read
+        .iter()
+        .chain(&file.read_optional)
+        .chain(&file.write)
+        .map(|p| (p.span(), p.get_ref().trim_end_matches('/').to_string()))
+        .chain(
+            file.tmpfs
+                .keys()
+                .map(|p| (p.span(), p.get_ref().trim_end_matches('/').to_string())),
+        );
+    for (span, path) in spans {
+        if let Some(outer) = write
+            .iter()
+            .find(|w| path.starts_with(&format!("{}/", w.path.trim_end_matches('/'))))
+        {
+            c.warning(
+                span,
+                format!(
+                    "{path:?} is mounted inside writable path {:?}: a tool there can put a \
+                     symlink on its path, and later calls then fail with sandbox_unavailable \
+                     until it is removed",
+                    outer.path
+                ),
+            );
+        }
+    }
 
     let network = match &file.network {
         None => Network::None,

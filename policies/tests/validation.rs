@@ -218,6 +218,24 @@ fn risky_grants_are_warnings_not_errors() {
 }
 
 #[test]
+fn a_mount_inside_a_writable_path_is_a_warning() {
+    let found = warnings(
+        "version = 1\n[profiles.default]\nread = [\"/usr\", \"/work/ws/cfg/ssh\", \"/work/wsx\"]\nwrite = [\"/work/ws\"]\ntmpfs = { \"/work/ws/tmp\" = \"1MiB\" }\n",
+    );
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].contains("\"/work/ws/cfg/ssh\" is mounted inside writable path \"/work/ws\""),
+        "{found:?}"
+    );
+    assert!(
+        found[1].contains("\"/work/ws/tmp\" is mounted inside"),
+        "{found:?}"
+    );
+    // A sibling that merely shares a prefix is not inside.
+    assert!(!found.iter().any(|w| w.contains("/work/wsx")), "{found:?}");
+}
+
+#[test]
 fn bad_network_rules_and_requirements_are_errors() {
     let found = errors(
         "version = 1\n[profiles.default]\nnetwork = { connect = [\"udp:53\", \"tcp:0\", \"tcp:443\"] }\nrequire = { seccomp = \"maybe\" }\n",
