@@ -92,8 +92,8 @@ enum Source {
     /// where it resolves against the sandbox's own tree. Merged-/usr hosts have
     /// `/bin -> usr/bin`.
     Link(OsString),
-    /// A directory or file to bind.
-    Node { fd: OwnedFd, dir: bool },
+    /// A directory or file to bind, and its identity.
+    Node { fd: OwnedFd, dir: bool, id: FileId },
 }
 
 /// Opens host path `path` as a bind source.
@@ -111,18 +111,26 @@ fn open_source(host: &Tree, path: &str, optional: bool) -> Result<Source, MountE
     let Some(fd) = entry.open().map_err(sys("open", path))? else {
         return missing();
     };
-    let (_, kind) = identify(&fd).map_err(sys("stat", path))?;
+    let (id, kind) = identify(&fd).map_err(sys("stat", path))?;
     match kind {
-        SFlag::S_IFLNK if entry.tainted => Err(PathError::PlantedSymlink {
-            path: path.to_string(),
-            link: path.to_string(),
+        SFlag::S_IFLNK => {
+            let tainted = match entry.tainted {
+                Some(tainted) => tainted,
+                None => host.is_tainted(path)?,
+            };
+            if tainted {
+                return Err(PathError::PlantedSymlink {
+                    path: path.to_string(),
+                    link: path.to_string(),
+                }
+                .into());
+            }
+            Ok(Source::Link(
+                readlinkat(&fd, "").map_err(sys("readlink", path))?,
+            ))
         }
-        .into()),
-        SFlag::S_IFLNK => Ok(Source::Link(
-            readlinkat(&fd, "").map_err(sys("readlink", path))?,
-        )),
-        SFlag::S_IFDIR => Ok(Source::Node { fd, dir: true }),
-        _ => Ok(Source::Node { fd, dir: false }),
+        SFlag::S_IFDIR => Ok(Source::Node { fd, dir: true, id }),
+        _ => Ok(Source::Node { fd, dir: false, id }),
     }
 }
 
@@ -146,8 +154,8 @@ fn open_sources(plan: &[MountOp]) -> Result<(Vec<Option<Source>>, Vec<FileId>), 
                 writable.clone(),
             )
             .map_err(sys("stat", "/"))?;
-            if let Source::Node { fd, .. } = open_source(&host, source, *optional)? {
-                writable.push(identify(&fd).map_err(sys("stat", source))?.0);
+            if let Source::Node { id, .. } = open_source(&host, source, *optional)? {
+                writable.push(id);
             }
         }
     }
@@ -176,7 +184,7 @@ fn io_sys(operation: &'static str, path: &str) -> impl FnOnce(io::Error) -> Moun
 /// The host's five harmless devices, opened like any bind source.
 const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
 
-fn open_devices(plan: &[MountOp]) -> Result<Vec<OwnedFd>, MountError> {
+fn open_devices(plan: &[MountOp]) -> Result<Vec<(OwnedFd, FileId)>, MountError> {
     if !plan.iter().any(|op| matches!(op, MountOp::Dev { .. })) {
         return Ok(Vec::new());
     }
@@ -186,7 +194,7 @@ fn open_devices(plan: &[MountOp]) -> Result<Vec<OwnedFd>, MountError> {
         .map(|name| {
             let path = format!("/dev/{name}");
             match open_source(&host, &path, false)? {
-                Source::Node { fd, dir: false } => Ok(fd),
+                Source::Node { fd, dir: false, id } => Ok((fd, id)),
                 _ => Err(sys("open", &path)(Errno::ENODEV)),
             }
         })
@@ -271,7 +279,11 @@ impl MountPoint {
             .ok_or_else(|| sys("open mount point", path)(Errno::ENOENT))?;
         let (_, kind) = identify(&fd).map_err(sys("stat", path))?;
         if kind == SFlag::S_IFLNK {
-            return Err(if entry.tainted {
+            let tainted = match entry.tainted {
+                Some(tainted) => tainted,
+                None => tree.is_tainted(path)?,
+            };
+            return Err(if tainted {
                 PathError::PlantedSymlink {
                     path: path.to_string(),
                     link: path.to_string(),
@@ -326,6 +338,7 @@ impl MountPoint {
 /// invisible) and remounts it nosuid, nodev, and read-only unless `writable`.
 fn bind(
     source: &OwnedFd,
+    source_id: FileId,
     point: &MountPoint,
     writable: bool,
     extra: MsFlags,
@@ -334,8 +347,7 @@ fn bind(
     point.mount(Some(&fd_path(source)), None, MsFlags::MS_BIND, None, "bind")?;
     let top = point.mounted()?;
     // What the point shows now must be the source itself: nothing was swapped in between.
-    let want = identify(source).map_err(sys("stat", &point.path))?.0;
-    if identify(&top).map_err(sys("stat", &point.path))?.0 != want {
+    if identify(&top).map_err(sys("stat", &point.path))?.0 != source_id {
         return Err(sys("bind", &point.path)(Errno::ESTALE));
     }
     let mut flags = MsFlags::MS_BIND | extra | locked;
@@ -362,16 +374,16 @@ fn mount_tmpfs(
 }
 
 /// A minimal /dev: a small read-only tmpfs holding binds of the five harmless devices.
-fn build_dev(tree: &Tree, devices: &[OwnedFd], target: &str) -> Result<(), MountError> {
+fn build_dev(tree: &Tree, devices: &[(OwnedFd, FileId)], target: &str) -> Result<(), MountError> {
     let point = MountPoint::make(tree, target, Point::Dir(0o755))?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
     mount_tmpfs(&point, 64 << 10, 0o755, flags)?;
     let top = point.mounted()?;
     let dev = Tree::new(top.try_clone().map_err(io_sys("dup", target))?, Vec::new())
         .map_err(sys("stat", target))?;
-    for (name, fd) in DEVICES.iter().zip(devices) {
+    for (name, (fd, id)) in DEVICES.iter().zip(devices) {
         let node = MountPoint::make(&dev, name, Point::File)?;
-        bind(fd, &node, true, flags)?;
+        bind(fd, *id, &node, true, flags)?;
     }
     for (link, name) in [
         ("/proc/self/fd", "fd"),
@@ -395,7 +407,7 @@ fn make_symlink(tree: &Tree, link_target: &OsStr, path: &str) -> Result<(), Moun
 
 fn apply(
     tree: &Tree,
-    devices: &[OwnedFd],
+    devices: &[(OwnedFd, FileId)],
     op: &MountOp,
     source: Option<Source>,
 ) -> Result<(), MountError> {
@@ -405,11 +417,12 @@ fn apply(
         } => match source {
             None | Some(Source::Missing) => Ok(()),
             Some(Source::Link(text)) => make_symlink(tree, &text, target),
-            Some(Source::Node { fd, dir }) => {
+            Some(Source::Node { fd, dir, id }) => {
                 let point = if dir { Point::Dir(0o755) } else { Point::File };
                 let point = MountPoint::make(tree, target, point)?;
                 bind(
                     &fd,
+                    id,
                     &point,
                     *writable,
                     MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
@@ -482,7 +495,7 @@ pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
         entry: Entry {
             parent: open_dir("/")?,
             name: OsString::from(NEW_ROOT.trim_start_matches('/')),
-            tainted: false,
+            tainted: Some(false),
         },
         fd: new_root,
         path: NEW_ROOT.to_string(),

@@ -20,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, openat, readlinkat};
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat, openat2, readlinkat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstat, mkdirat};
 
 /// A file's identity: device and inode.
@@ -105,8 +105,9 @@ pub struct Entry {
     pub parent: OwnedFd,
     /// The name in it.
     pub name: OsString,
-    /// Whether the walk passed through a writable bind to get here.
-    pub tainted: bool,
+    /// Whether the walk passed through a writable bind to get here; `None` when a single
+    /// lookup that follows no symlink found the directory (see [`Tree::is_tainted`]).
+    pub tainted: Option<bool>,
 }
 
 impl Entry {
@@ -144,12 +145,57 @@ impl Tree {
     /// Resolves every component of `path` but the last to a directory, creating missing
     /// ones with `make_mode` if given (else a missing one gives `None`). The last
     /// component is returned unopened; `path` naming the root itself gives `Ok(None)` too
-    /// unless the caller handles the root (no plan mounts over `/`).
+    /// (no plan mounts over `/`).
+    ///
+    /// Most paths have no symlink on the way: one `openat2(RESOLVE_NO_SYMLINKS)` resolves
+    /// those, and only a path it refuses (a link on the way, a missing directory, a kernel
+    /// before 5.6) is walked one component at a time.
     pub fn parent_of(
         &self,
         path: &str,
         make_mode: Option<u32>,
     ) -> Result<Option<Entry>, PathError> {
+        let parts: Vec<OsString> = components(OsStr::new(path)).collect();
+        let Some((name, dirs)) = parts.split_last() else {
+            return Ok(None);
+        };
+        if name != ".." && !dirs.iter().any(|d| d == "..") {
+            let parent = if dirs.is_empty() {
+                self.root.try_clone().ok()
+            } else {
+                let relative = dirs.join(OsStr::new("/"));
+                let how = OpenHow::new()
+                    .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+                    .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_BENEATH);
+                openat2(&self.root, relative.as_os_str(), how).ok()
+            };
+            if let Some(parent) = parent {
+                let tainted = if dirs.is_empty() {
+                    Some(self.writable.contains(&self.root_id))
+                } else {
+                    None
+                };
+                return Ok(Some(Entry {
+                    parent,
+                    name: name.clone(),
+                    tainted,
+                }));
+            }
+        }
+        self.walk_parent(path, make_mode)
+    }
+
+    /// Whether `path`'s directory lies below a writable bind (for the rare last component
+    /// that is a symlink, where [`Tree::parent_of`]'s single lookup did not find out).
+    pub fn is_tainted(&self, path: &str) -> Result<bool, PathError> {
+        Ok(self
+            .walk_parent(path, None)?
+            .and_then(|entry| entry.tainted)
+            .unwrap_or(false))
+    }
+
+    /// [`Tree::parent_of`] one component at a time.
+    fn walk_parent(&self, path: &str, make_mode: Option<u32>) -> Result<Option<Entry>, PathError> {
         let lookup = |source: Errno| PathError::Lookup {
             path: path.to_string(),
             source,
@@ -230,7 +276,7 @@ impl Tree {
         Ok(Some(Entry {
             parent: dir,
             name,
-            tainted: tainted || self.writable.contains(&id),
+            tainted: Some(tainted || self.writable.contains(&id)),
         }))
     }
 }
@@ -333,6 +379,21 @@ mod tests {
         assert_eq!(entry.name, "c");
         assert!(dir.join("a/b").is_dir());
         assert!(entry.open().unwrap().is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_path_without_links_is_resolved_in_one_lookup_and_its_taint_on_demand() {
+        let dir = scratch("fast");
+        std::fs::create_dir_all(dir.join("ws/a")).unwrap();
+        symlink("/etc", dir.join("ws/a/link")).unwrap();
+        let tree = Tree::new(open_dir(&dir), vec![id_of(&dir.join("ws"))]).unwrap();
+        let entry = tree.parent_of("/ws/a/link", None).unwrap().unwrap();
+        assert_eq!(entry.tainted, None);
+        assert_eq!(identify(&entry.parent).unwrap().0, id_of(&dir.join("ws/a")));
+        assert!(tree.is_tainted("/ws/a/link").unwrap());
+        let outside = Tree::new(open_dir(&dir), vec![]).unwrap();
+        assert!(!outside.is_tainted("/ws/a/link").unwrap());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
