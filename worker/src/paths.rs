@@ -81,14 +81,16 @@ pub fn identify(fd: &OwnedFd) -> nix::Result<(FileId, SFlag)> {
     ))
 }
 
-/// Opens `name` in `dir` without following it, whatever it is.
+/// Opens `name` in `dir` without following it, whatever it is. A directory is asked for
+/// first: an `O_PATH` open of a last component triggers an automount (autofs, systemd's
+/// `.automount`) only when it asks for a directory, and binding by path always did.
 fn open_nofollow(dir: &OwnedFd, name: &OsStr) -> nix::Result<OwnedFd> {
-    openat(
-        dir,
-        name,
-        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match openat(dir, name, flags | OFlag::O_DIRECTORY, Mode::empty()) {
+        // Not a directory, or a symlink (never followed): open it as it is.
+        Err(Errno::ENOTDIR) => openat(dir, name, flags, Mode::empty()),
+        opened => opened,
+    }
 }
 
 fn components(path: &OsStr) -> impl Iterator<Item = OsString> + '_ {
