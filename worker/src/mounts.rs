@@ -14,7 +14,6 @@
 //! are all opened first, while the host's `/tmp` is not yet covered by the new root.
 
 use std::ffi::{OsStr, OsString};
-use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
@@ -26,7 +25,7 @@ use nix::sys::stat::{Mode, SFlag};
 use nix::sys::statvfs::{FsFlags, fstatvfs};
 use nix::unistd::{chdir, pivot_root, symlinkat};
 
-use crate::paths::{Entry, FileId, PathError, Tree, fd_path, identify};
+use crate::paths::{Entry, FileId, PathError, Tree, duplicate, fd_path, identify, make_dir};
 
 /// Why the root filesystem could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -135,12 +134,12 @@ fn open_source(host: &Tree, path: &str, optional: bool) -> Result<Source, MountE
 }
 
 /// Opens every bind source of `plan` (`None` for the plan's other steps), refusing
-/// symlinks below a writable bind. The writable binds are resolved first, parents first
-/// as the plan orders them, to learn the identities that mark "below a writable bind";
-/// then all sources are resolved again knowing all of them.
-fn open_sources(plan: &[MountOp]) -> Result<(Vec<Option<Source>>, Vec<FileId>), MountError> {
-    let root = open_dir("/")?;
-    let mut writable = Vec::new();
+/// symlinks below a writable bind; returns them with the host tree, which knows the
+/// writable binds. Those are resolved first, parents first as the plan orders them, to
+/// learn the identities that mark "below a writable bind"; then all sources are resolved
+/// again knowing all of them.
+fn open_sources(plan: &[MountOp]) -> Result<(Vec<Option<Source>>, Tree), MountError> {
+    let mut host = Tree::new(open_dir("/")?, Vec::new()).map_err(sys("stat", "/"))?;
     for op in plan {
         if let MountOp::Bind {
             source,
@@ -148,18 +147,11 @@ fn open_sources(plan: &[MountOp]) -> Result<(Vec<Option<Source>>, Vec<FileId>), 
             optional,
             ..
         } = op
+            && let Source::Node { id, .. } = open_source(&host, source, *optional)?
         {
-            let host = Tree::new(
-                root.try_clone().map_err(io_sys("dup", "/"))?,
-                writable.clone(),
-            )
-            .map_err(sys("stat", "/"))?;
-            if let Source::Node { id, .. } = open_source(&host, source, *optional)? {
-                writable.push(id);
-            }
+            host.mark_writable(id);
         }
     }
-    let host = Tree::new(root, writable.clone()).map_err(sys("stat", "/"))?;
     let sources = plan
         .iter()
         .map(|op| match op {
@@ -169,31 +161,21 @@ fn open_sources(plan: &[MountOp]) -> Result<(Vec<Option<Source>>, Vec<FileId>), 
             _ => Ok(None),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((sources, writable))
-}
-
-fn io_sys(operation: &'static str, path: &str) -> impl FnOnce(io::Error) -> MountError {
-    let path = path.to_string();
-    move |e| MountError::Syscall {
-        operation,
-        path,
-        source: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
-    }
+    Ok((sources, host))
 }
 
 /// The host's five harmless devices, opened like any bind source.
 const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
 
-fn open_devices(plan: &[MountOp]) -> Result<Vec<(OwnedFd, FileId)>, MountError> {
+fn open_devices(host: &Tree, plan: &[MountOp]) -> Result<Vec<(OwnedFd, FileId)>, MountError> {
     if !plan.iter().any(|op| matches!(op, MountOp::Dev { .. })) {
         return Ok(Vec::new());
     }
-    let host = Tree::new(open_dir("/")?, Vec::new()).map_err(sys("stat", "/"))?;
     DEVICES
         .iter()
         .map(|name| {
             let path = format!("/dev/{name}");
-            match open_source(&host, &path, false)? {
+            match open_source(host, &path, false)? {
                 Source::Node { fd, dir: false, id } => Ok((fd, id)),
                 _ => Err(sys("open", &path)(Errno::ENODEV)),
             }
@@ -252,11 +234,7 @@ impl MountPoint {
             .parent_of(path, Some(parent_mode))?
             .ok_or_else(|| sys("mount on", path)(Errno::EINVAL))?;
         let created = match point {
-            Point::Dir(mode) => nix::sys::stat::mkdirat(
-                &entry.parent,
-                entry.name.as_os_str(),
-                Mode::from_bits_truncate(mode),
-            ),
+            Point::Dir(mode) => make_dir(&entry.parent, &entry.name, mode),
             Point::File => openat(
                 &entry.parent,
                 entry.name.as_os_str(),
@@ -379,8 +357,9 @@ fn build_dev(tree: &Tree, devices: &[(OwnedFd, FileId)], target: &str) -> Result
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
     mount_tmpfs(&point, 64 << 10, 0o755, flags)?;
     let top = point.mounted()?;
-    let dev = Tree::new(top.try_clone().map_err(io_sys("dup", target))?, Vec::new())
-        .map_err(sys("stat", target))?;
+    let dev = duplicate(&top)
+        .and_then(|root| Tree::new(root, Vec::new()))
+        .map_err(sys("open", target))?;
     for (name, (fd, id)) in DEVICES.iter().zip(devices) {
         let node = MountPoint::make(&dev, name, Point::File)?;
         bind(fd, *id, &node, true, flags)?;
@@ -459,14 +438,7 @@ fn apply(
             let entry = tree
                 .parent_of(path, Some(*mode))?
                 .ok_or_else(|| sys("mkdir", path)(Errno::EINVAL))?;
-            match nix::sys::stat::mkdirat(
-                &entry.parent,
-                entry.name.as_os_str(),
-                Mode::from_bits_truncate(*mode),
-            ) {
-                Ok(()) | Err(Errno::EEXIST) => Ok(()),
-                Err(e) => Err(sys("mkdir", path)(e)),
-            }
+            make_dir(&entry.parent, &entry.name, *mode).map_err(sys("mkdir", path))
         }
     }
 }
@@ -487,8 +459,8 @@ pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
     .map_err(sys("make private", "/"))?;
 
     // Sources first, while the host's /tmp is still visible under the new root's place.
-    let (sources, writable) = open_sources(plan)?;
-    let devices = open_devices(plan)?;
+    let (sources, host) = open_sources(plan)?;
+    let devices = open_devices(&host, plan)?;
 
     let new_root = open_dir(NEW_ROOT)?;
     let root_point = MountPoint {
@@ -507,8 +479,10 @@ pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
     )?;
     let top = root_point.mounted()?;
-    let tree = Tree::new(top.try_clone().map_err(io_sys("dup", NEW_ROOT))?, writable)
-        .map_err(sys("stat", NEW_ROOT))?;
+    let tree = duplicate(&top)
+        .and_then(|root| Tree::new(root, host.writable().to_vec()))
+        .map_err(sys("open", NEW_ROOT))?;
+    drop(host);
     for (op, source) in plan.iter().zip(sources) {
         // proc must be mounted while the host's /proc is still visible: the kernel refuses
         // a new procfs in a user namespace otherwise (mount_too_revealing).

@@ -93,6 +93,19 @@ fn open_nofollow(dir: &OwnedFd, name: &OsStr) -> nix::Result<OwnedFd> {
     }
 }
 
+/// Creates the directory `name` in `dir` unless something of that name exists already.
+pub fn make_dir(dir: &OwnedFd, name: &OsStr, mode: u32) -> nix::Result<()> {
+    match mkdirat(dir, name, Mode::from_bits_truncate(mode)) {
+        Ok(()) | Err(Errno::EEXIST) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A second descriptor of what `fd` holds.
+pub fn duplicate(fd: &OwnedFd) -> nix::Result<OwnedFd> {
+    fd.try_clone().map_err(|e| io_errno(&e))
+}
+
 fn components(path: &OsStr) -> impl Iterator<Item = OsString> + '_ {
     path.as_bytes()
         .split(|b| *b == b'/')
@@ -144,6 +157,16 @@ impl Tree {
         })
     }
 
+    /// Marks the directory `id` as a writable bind's: symlinks below it are refused.
+    pub fn mark_writable(&mut self, id: FileId) {
+        self.writable.push(id);
+    }
+
+    /// The identities marked writable.
+    pub fn writable(&self) -> &[FileId] {
+        &self.writable
+    }
+
     /// Resolves every component of `path` but the last to a directory, creating missing
     /// ones with `make_mode` if given (else a missing one gives `None`). The last
     /// component is returned unopened; `path` naming the root itself gives `Ok(None)` too
@@ -163,7 +186,7 @@ impl Tree {
         };
         if name != ".." && !dirs.iter().any(|d| d == "..") {
             let parent = if dirs.is_empty() {
-                self.root.try_clone().ok()
+                duplicate(&self.root).ok()
             } else {
                 let relative = dirs.join(OsStr::new("/"));
                 let how = OpenHow::new()
@@ -209,7 +232,7 @@ impl Tree {
         if name == ".." {
             return Err(lookup(Errno::EINVAL));
         }
-        let mut dir = self.root.try_clone().map_err(|e| lookup(io_errno(&e)))?;
+        let mut dir = duplicate(&self.root).map_err(lookup)?;
         let mut tainted = self.writable.contains(&self.root_id);
         let mut walked = PathBuf::from("/");
         let mut links = 0;
@@ -235,10 +258,7 @@ impl Tree {
                 Err(Errno::ENOENT) => match make_mode {
                     None => return Ok(None),
                     Some(mode) => {
-                        match mkdirat(&dir, step.as_os_str(), Mode::from_bits_truncate(mode)) {
-                            Ok(()) | Err(Errno::EEXIST) => {}
-                            Err(e) => return Err(lookup(e)),
-                        }
+                        make_dir(&dir, &step, mode).map_err(lookup)?;
                         open_nofollow(&dir, &step).map_err(lookup)?
                     }
                 },
@@ -258,7 +278,7 @@ impl Tree {
                 }
                 let text = readlinkat(&next, "").map_err(lookup)?;
                 if text.as_bytes().starts_with(b"/") {
-                    dir = self.root.try_clone().map_err(|e| lookup(io_errno(&e)))?;
+                    dir = duplicate(&self.root).map_err(lookup)?;
                     walked = PathBuf::from("/");
                 } else {
                     walked.pop();
