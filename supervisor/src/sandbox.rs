@@ -79,6 +79,8 @@ pub struct Supervisor {
     active: Arc<std::sync::atomic::AtomicUsize>,
     /// Pre-confined idle workers by profile.
     pool: Pool<ReadyWorker>,
+    /// Which pool serves a profile.
+    pool_keys: PoolKeys,
 }
 
 /// A confined worker waiting for its one call.
@@ -104,12 +106,10 @@ fn failed(conversation: Conversation, lease: WorkerLease) -> PrepareError {
     PrepareError::Failed(conversation, Box::new(lease))
 }
 
-/// Profiles with identical specs and limits share a pool.
 /// Which pool serves a profile: a digest of everything a pooled worker was confined with
 /// (the spec it built, the limits of its cgroup), so a worker only ever serves a call whose
-/// profile is identical. Two independently keyed SipHashes (128 bits, random keys per
-/// process): cheap enough for every call (formatting and SHA-256 of the whole spec, BPF
-/// program included, cost ~150 µs of a 0.7 ms pooled built-in call), and not steerable.
+/// profile is identical; profiles with identical specs and limits share a pool. Two
+/// independently keyed SipHashes (128 bits, random keys per process), not steerable.
 fn pool_key(profile: &CompiledProfile) -> String {
     use std::hash::BuildHasher;
     static KEYS: std::sync::OnceLock<[std::collections::hash_map::RandomState; 2]> =
@@ -121,6 +121,35 @@ fn pool_key(profile: &CompiledProfile) -> String {
         keys[0].hash_one(content),
         keys[1].hash_one(content)
     )
+}
+
+/// Pool keys of the profiles seen, by identity. Hashing a whole spec, BPF program
+/// included, field by field took ~20 µs of every call's critical path; a gateway passes the
+/// same `Arc` of its compiled policy for every call of a profile. Each entry holds its
+/// `Arc`, so the address cannot be reused by another profile and the content cannot change
+/// (no `&mut` reaches a shared `Arc`). Bounded: emptied when full (policies reloaded many
+/// times), and the next call of each profile hashes again.
+#[derive(Debug, Default)]
+struct PoolKeys(std::sync::Mutex<Vec<(Arc<CompiledProfile>, String)>>);
+
+impl PoolKeys {
+    const MAX: usize = 64;
+
+    fn of(&self, profile: &Arc<CompiledProfile>) -> String {
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, key)) = known.iter().find(|(p, _)| Arc::ptr_eq(p, profile)) {
+            return key.clone();
+        }
+        let key = pool_key(profile);
+        if known.len() >= Self::MAX {
+            known.clear();
+        }
+        known.push((Arc::clone(profile), key.clone()));
+        key
+    }
 }
 
 /// Wakes a pool's replenisher when dropped: at the end of the call that took a worker.
@@ -322,6 +351,7 @@ impl Supervisor {
             closing: CancelSignal::new(),
             active: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             pool: Pool::default(),
+            pool_keys: PoolKeys::default(),
         })
     }
 
@@ -383,7 +413,7 @@ impl Supervisor {
         let deadline = tokio::time::Instant::from_std(started + run.timeout);
 
         // Pooled workers have /dev/null stdio, so only captured runs can use them.
-        let key = pool_key(&profile);
+        let key = self.pool_keys.of(&profile);
         let pooled = if run.inherit_stdio.is_none() {
             self.pool.take(&key)
         } else {
@@ -485,7 +515,7 @@ impl Supervisor {
     /// Keeps `idle` pre-confined workers of `profile` ready, replenishing off the critical
     /// path until the supervisor closes. Every call still gets a fresh, single-use worker.
     pub fn keep_warm(self: &Arc<Self>, profile: Arc<CompiledProfile>, idle: usize) {
-        let key = pool_key(&profile);
+        let key = self.pool_keys.of(&profile);
         let weak = Arc::downgrade(self);
         let notify = self.pool.notify_for(&key);
         tokio::spawn(async move {
@@ -1181,5 +1211,45 @@ fn finish_exit(
     }
     if result.error.is_none() {
         result.output = Some(serde_json::Value::String(result.stdout.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn default_profile() -> Arc<CompiledProfile> {
+        let text = airlock_policy::presets::preset_text("default").unwrap();
+        let policy = airlock_policy::load_policy_str(text, "default").unwrap().policy;
+        Arc::clone(&policy.profiles["default"])
+    }
+
+    #[test]
+    fn pool_keys_follow_the_profile_content_not_the_arc() {
+        let keys = PoolKeys::default();
+        let profile = default_profile();
+        let first = keys.of(&profile);
+        assert_eq!(keys.of(&profile), first, "same Arc, cached");
+        let copy = Arc::new(CompiledProfile::clone(&profile));
+        assert_eq!(keys.of(&copy), first, "identical content shares a pool");
+        let mut changed = CompiledProfile::clone(&profile);
+        changed.limits.memory_bytes += 4096;
+        assert_ne!(keys.of(&Arc::new(changed)), first, "other limits, other pool");
+        let mut changed = CompiledProfile::clone(&profile);
+        changed.spec.hostname.push('x');
+        assert_ne!(keys.of(&Arc::new(changed)), first, "other spec, other pool");
+    }
+
+    #[test]
+    fn pool_keys_stay_bounded() {
+        let keys = PoolKeys::default();
+        let profile = default_profile();
+        let expected = keys.of(&profile);
+        for _ in 0..(PoolKeys::MAX * 3) {
+            let copy = Arc::new(CompiledProfile::clone(&profile));
+            assert_eq!(keys.of(&copy), expected);
+        }
+        assert!(keys.0.lock().unwrap().len() <= PoolKeys::MAX);
     }
 }
