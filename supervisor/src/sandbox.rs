@@ -1221,7 +1221,9 @@ mod tests {
 
     fn default_profile() -> Arc<CompiledProfile> {
         let text = airlock_policy::presets::preset_text("default").unwrap();
-        let policy = airlock_policy::load_policy_str(text, "default").unwrap().policy;
+        let policy = airlock_policy::load_policy_str(text, "default")
+            .unwrap()
+            .policy;
         Arc::clone(&policy.profiles["default"])
     }
 
@@ -1235,7 +1237,11 @@ mod tests {
         assert_eq!(keys.of(&copy), first, "identical content shares a pool");
         let mut changed = CompiledProfile::clone(&profile);
         changed.limits.memory_bytes += 4096;
-        assert_ne!(keys.of(&Arc::new(changed)), first, "other limits, other pool");
+        assert_ne!(
+            keys.of(&Arc::new(changed)),
+            first,
+            "other limits, other pool"
+        );
         let mut changed = CompiledProfile::clone(&profile);
         changed.spec.hostname.push('x');
         assert_ne!(keys.of(&Arc::new(changed)), first, "other spec, other pool");
