@@ -34,5 +34,12 @@ pub const WORKER_ARG: &str = "__airlock_worker";
 #[allow(clippy::needless_doctest_main)]
 pub fn run_if_worker() -> Option<i32> {
     let args: Vec<String> = std::env::args().collect();
+    run_if_worker_arguments(&args)
+}
+
+/// [`run_if_worker`] on a given command line (`args[0]` is the program name), for a
+/// program whose `std::env::args` is empty: std fills it from glibc's start-up hook only,
+/// so the musl-linked worker program with its own C `main` passes `argv` itself.
+pub fn run_if_worker_arguments(args: &[String]) -> Option<i32> {
     (args.get(1).map(String::as_str) == Some(WORKER_ARG)).then(|| worker_main(&args[2..]))
 }

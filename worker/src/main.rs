@@ -8,15 +8,25 @@
 //! polls the standard descriptors and ignores SIGPIPE: 0.1–0.2 ms per worker start
 //! (`perf stat -r 500`, 1.06–1.09 → 0.83–0.99 ms) that a worker does not need. It sets
 //! every signal disposition itself (SIGPIPE ignored) before it writes anything.
+//!
+//! It reads its arguments from `argv` itself: std's `env::args` is filled by a glibc
+//! start-up hook that musl (which `cli/build.rs` links the worker against when it can)
+//! does not have.
 #![no_main]
 
+/// musl's allocator returns small allocations' pages to the kernel as they are freed: 44
+/// mmap/munmap/brk calls per worker (glibc's malloc: 5), each unmap a TLB flush, and every
+/// new page a fault. dlmalloc grows in 64 KiB steps and keeps what it has: a worker lives
+/// for one call.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 #[unsafe(no_mangle)]
-extern "C" fn main(
-    _argc: std::ffi::c_int,
-    _argv: *const *const std::ffi::c_char,
-) -> std::ffi::c_int {
-    // std still has the arguments: glibc hands them to its init hook.
-    airlock_worker::run_if_worker().unwrap_or_else(|| {
+extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) -> std::ffi::c_int {
+    // SAFETY: these are the C runtime's own argc and argv for main.
+    let args = unsafe { airlock_worker::sys::arguments_of_main(argc, argv) };
+    airlock_worker::run_if_worker_arguments(&args).unwrap_or_else(|| {
         eprintln!("airlock-worker: run by airlock's supervisor only, not by hand");
         2
     })

@@ -187,6 +187,9 @@ fn open_devices(host: &Tree, plan: &[MountOp]) -> Result<Vec<(OwnedFd, FileId)>,
 /// when it was inherited, and a remount that drops one fails with EPERM.
 fn locked_flags(fd: &OwnedFd, path: &str) -> Result<MsFlags, MountError> {
     let stat = fstatvfs(fd).map_err(sys("statvfs", path))?;
+    // statvfs(3)'s ST_RELATIME (Linux 2.6.20) is 0x1000 on every architecture; nix names it
+    // only for glibc targets, and the worker is also built against musl.
+    const ST_RELATIME: FsFlags = FsFlags::from_bits_retain(0x1000);
     let f = stat.flags();
     let mut flags = MsFlags::empty();
     for (st, ms) in [
@@ -196,7 +199,7 @@ fn locked_flags(fd: &OwnedFd, path: &str) -> Result<MsFlags, MountError> {
         (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
         (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
         (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
-        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+        (ST_RELATIME, MsFlags::MS_RELATIME),
     ] {
         if f.contains(st) {
             flags |= ms;

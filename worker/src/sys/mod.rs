@@ -25,6 +25,36 @@ fn check_int(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// The arguments C `main` received, as strings (lossily, for bytes that are not UTF-8: the
+/// worker's only argument is a descriptor number).
+///
+/// # Safety
+///
+/// `argv` must point to `argc` NUL-terminated strings that stay alive for the call, as the
+/// C runtime's `argv` for `main` does.
+pub unsafe fn arguments_of_main(
+    argc: libc::c_int,
+    argv: *const *const libc::c_char,
+) -> Vec<String> {
+    let count = usize::try_from(argc).unwrap_or(0);
+    if argv.is_null() {
+        return Vec::new();
+    }
+    (0..count)
+        .map(|i| {
+            // SAFETY: i < argc, and the caller guarantees argv[0..argc] are valid strings.
+            let arg = unsafe { *argv.add(i) };
+            if arg.is_null() {
+                return String::new();
+            }
+            // SAFETY: as above, `arg` is NUL-terminated and alive for the call.
+            unsafe { CStr::from_ptr(arg) }
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect()
+}
+
 /// The Landlock ABI version the kernel offers (`Err` with ENOSYS or EOPNOTSUPP when
 /// Landlock is compiled out or not in the active LSM list).
 pub fn landlock_abi_version() -> io::Result<i32> {
@@ -96,13 +126,13 @@ pub fn bring_loopback_up() -> io::Result<()> {
     }
     use std::os::fd::AsRawFd;
     // SAFETY: SIOCGIFFLAGS reads and writes only `request`, which lives across the call.
-    check_int(unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) })?;
+    check_int(unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut request) })?;
     // SAFETY: the union field written by SIOCGIFFLAGS is ifru_flags.
     unsafe {
         request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     }
     // SAFETY: as above; SIOCSIFFLAGS reads `request`.
-    check_int(unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS, &request) })?;
+    check_int(unsafe { libc::ioctl(socket.as_raw_fd(), libc::SIOCSIFFLAGS as _, &request) })?;
     Ok(())
 }
 
