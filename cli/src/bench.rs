@@ -86,6 +86,9 @@ pub struct Report {
     supervisor_rss_file_kib: u64,
     supervisor_rss_anon_kib: u64,
     pool_workers: usize,
+    /// A real `airlock serve` process (the `supervisor_rss_*` figures above are this bench
+    /// process's own, after it ran everything: an upper bound); `None` if it failed (noted).
+    daemon_memory: Option<DaemonMemory>,
     notes: Vec<String>,
 }
 
@@ -181,9 +184,9 @@ fn kib_field(path: &str, key: &str) -> u64 {
 }
 
 /// Our child processes (workers), from /proc/self/task/*/children.
-fn children() -> Vec<String> {
+fn children(pid: &str) -> Vec<String> {
     let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for task in tasks.flatten() {
             if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
                 out.extend(text.split_whitespace().map(str::to_string));
@@ -191,6 +194,126 @@ fn children() -> Vec<String> {
         }
     }
     out
+}
+
+/// The children of `pid` that are pooled workers (argv[0] "airlock-worker").
+fn pooled_workers_of(pid: &str) -> Vec<String> {
+    children(pid)
+        .into_iter()
+        .filter(|child| {
+            std::fs::read(format!("/proc/{child}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"airlock-worker\0"))
+        })
+        .collect()
+}
+
+/// Memory of a real `airlock serve` process: what a gateway's supervisor costs, without
+/// the bench's own code, samples and client threads.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DaemonMemory {
+    /// Started, serving its socket, no call made yet.
+    rss_idle_kib: u64,
+    rss_idle_file_kib: u64,
+    rss_idle_anon_kib: u64,
+    /// After one call, with `pool_workers` idle pooled workers.
+    rss_with_pool_kib: u64,
+    /// Per idle pooled worker of the daemon.
+    worker_pss_kib: u64,
+}
+
+/// Asks the daemon on `socket` one JSON-lines request and returns its answer.
+fn ask_daemon(socket: &Path, request: &str) -> Result<serde_json::Value, String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| format!("socket timeout: {e}"))?;
+    stream
+        .write_all(format!("{request}\n").as_bytes())
+        .map_err(|e| format!("send: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .map_err(|e| format!("receive: {e}"))?;
+    serde_json::from_str(&line).map_err(|e| format!("answer {line:?}: {e}"))
+}
+
+/// Starts `airlock serve` with the bench policy and `--pool pool_workers`, measures it idle
+/// and then with its pool filled after one call, and stops it (SIGTERM, then reaped).
+fn measure_daemon_memory(me: &Path, pool_workers: usize) -> Result<DaemonMemory, String> {
+    let dir = std::env::temp_dir().join(format!("airlock-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = (|| {
+        let policy = dir.join("bench.toml");
+        let socket = dir.join("airlock.sock");
+        std::fs::write(&policy, BENCH_POLICY).map_err(|e| format!("write policy: {e}"))?;
+        let mut daemon = Command::new(me)
+            .arg("serve")
+            .arg("--policy")
+            .arg(&policy)
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--pool")
+            .arg(pool_workers.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("start airlock serve: {e}"))?;
+        let pid = daemon.id().to_string();
+        let measured = (|| {
+            let started = Instant::now();
+            while ask_daemon(&socket, r#"{"id": 1, "op": "health"}"#).is_err() {
+                if started.elapsed() > Duration::from_secs(20) {
+                    return Err("airlock serve did not answer within 20 s".to_string());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let mut memory = DaemonMemory {
+                rss_idle_kib: rss_kib(&pid),
+                rss_idle_file_kib: status_kib(&pid, "RssFile:"),
+                rss_idle_anon_kib: status_kib(&pid, "RssAnon:"),
+                ..DaemonMemory::default()
+            };
+            let call = ask_daemon(
+                &socket,
+                r#"{"id": 2, "op": "call", "tool": "true", "arguments": {}}"#,
+            )?;
+            if call.pointer("/result/ok") != Some(&serde_json::Value::Bool(true)) {
+                return Err(format!("the daemon's call failed: {call}"));
+            }
+            let started = Instant::now();
+            loop {
+                let stats = ask_daemon(&socket, r#"{"id": 3, "op": "stats"}"#)?;
+                let idle = stats.pointer("/result/pool/idle").and_then(|v| v.as_u64());
+                if idle.is_some_and(|n| n as usize >= pool_workers) {
+                    break;
+                }
+                if started.elapsed() > Duration::from_secs(60) {
+                    return Err(format!("the daemon's pool did not fill: {stats}"));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            memory.rss_with_pool_kib = rss_kib(&pid);
+            let workers = pooled_workers_of(&pid);
+            let count = workers.len().max(1) as u64;
+            memory.worker_pss_kib = workers.iter().map(|w| pss_kib(w)).sum::<u64>() / count;
+            Ok(memory)
+        })();
+        // Our own child, signalled by the pid we hold until it is reaped below; SIGTERM so
+        // that it removes its workers' cgroups and its socket.
+        if let Ok(raw) = i32::try_from(daemon.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(raw),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let _ = daemon.wait();
+        measured
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 fn true_run(policy: &CompiledPolicy) -> SandboxRun {
@@ -455,13 +578,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         }
         let rss_pool = rss_kib("self");
         // Our children that are pooled workers (argv[0] "airlock-worker").
-        let workers: Vec<String> = children()
-            .into_iter()
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .is_ok_and(|c| c.starts_with(b"airlock-worker\0"))
-            })
-            .collect();
+        let workers = pooled_workers_of("self");
         if workers.len() != args.pool_workers {
             notes.push(format!(
                 "found {} pooled worker processes, expected {}",
@@ -475,6 +592,13 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         let worker_pss: u64 = workers.iter().map(|pid| pss_kib(pid)).sum();
         let worker_anon: u64 = workers.iter().map(|pid| status_kib(pid, "RssAnon:")).sum();
         memory.close().await;
+        let daemon_memory = match measure_daemon_memory(&me, args.pool_workers) {
+            Ok(measured) => Some(measured),
+            Err(why) => {
+                notes.push(format!("daemon memory not measured: {why}"));
+                None
+            }
+        };
         anyhow::Ok(Report {
             rounds: args.rounds,
             latency,
@@ -489,6 +613,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             supervisor_rss_file_kib: rss_file,
             supervisor_rss_anon_kib: rss_anon,
             pool_workers: args.pool_workers,
+            daemon_memory,
             notes,
         })
     })?;
@@ -523,12 +648,30 @@ fn print_table(report: &Report) {
         println!("  bwrap   {name:<36} {value:>8.1}");
     }
     println!("\nmemory");
+    if let Some(d) = &report.daemon_memory {
+        println!(
+            "  airlock serve: RSS idle                    {:>8} KiB",
+            d.rss_idle_kib
+        );
+        println!(
+            "    of which file-backed (own text) / anon  {:>8} / {} KiB",
+            d.rss_idle_file_kib, d.rss_idle_anon_kib
+        );
+        println!(
+            "  airlock serve: RSS with {:>2} pooled workers {:>7} KiB",
+            report.pool_workers, d.rss_with_pool_kib
+        );
+        println!(
+            "    per idle pooled worker: PSS              {:>8} KiB",
+            d.worker_pss_kib
+        );
+    }
     println!(
-        "  supervisor RSS idle                        {:>8} KiB",
+        "  bench process: RSS idle                    {:>8} KiB",
         report.supervisor_rss_idle_kib
     );
     println!(
-        "  supervisor RSS with {:>2} idle pooled workers {:>8} KiB",
+        "  bench process: RSS with {:>2} pooled workers {:>7} KiB",
         report.pool_workers, report.supervisor_rss_with_pool_kib
     );
     println!(

@@ -453,3 +453,26 @@ pub fn restore_default_signals_for_tool() {
         unsafe { libc::signal(signal, libc::SIG_DFL) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_of_main_reads_argc_strings_and_replaces_bad_utf8() {
+        let owned = [
+            CString::new("airlock-worker").unwrap(),
+            CString::new("__airlock_worker").unwrap(),
+            CString::new(b"3\xff".to_vec()).unwrap(),
+            CString::new("past argc").unwrap(),
+        ];
+        let argv = pointer_array(&owned);
+        // SAFETY: argv holds 4 valid strings (and a NULL), alive until the end of the test.
+        let args = unsafe { arguments_of_main(3, argv.as_ptr()) };
+        assert_eq!(args, ["airlock-worker", "__airlock_worker", "3\u{fffd}"]);
+        // SAFETY: a null argv is refused before it is read.
+        assert!(unsafe { arguments_of_main(2, std::ptr::null()) }.is_empty());
+        // SAFETY: a negative count reads nothing.
+        assert!(unsafe { arguments_of_main(-1, argv.as_ptr()) }.is_empty());
+    }
+}
