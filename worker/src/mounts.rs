@@ -25,7 +25,9 @@ use nix::sys::stat::{Mode, SFlag};
 use nix::sys::statvfs::{FsFlags, fstatvfs};
 use nix::unistd::{chdir, pivot_root, symlinkat};
 
-use crate::paths::{Entry, FileId, PathError, Tree, duplicate, fd_path, identify, make_dir};
+use crate::paths::{
+    Entry, FD_DIR, FileId, PathError, Tree, duplicate, fd_name, identify, make_dir,
+};
 
 /// Why the root filesystem could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -290,7 +292,7 @@ impl MountPoint {
         data: Option<&str>,
         operation: &'static str,
     ) -> Result<(), MountError> {
-        mount(source, &fd_path(&self.fd), fstype, flags, data).map_err(sys(operation, &self.path))
+        mount(source, &fd_name(&self.fd), fstype, flags, data).map_err(sys(operation, &self.path))
     }
 
     /// The root of what is now mounted on the point (looked up by name again: the lookup
@@ -306,7 +308,7 @@ impl MountPoint {
     fn remount(&self, top: &OwnedFd, flags: MsFlags) -> Result<(), MountError> {
         mount(
             None::<&str>,
-            &fd_path(top),
+            &fd_name(top),
             None::<&str>,
             MsFlags::MS_REMOUNT | flags,
             None::<&str>,
@@ -325,7 +327,7 @@ fn bind(
     extra: MsFlags,
 ) -> Result<(), MountError> {
     let locked = locked_flags(source, &point.path)?;
-    point.mount(Some(&fd_path(source)), None, MsFlags::MS_BIND, None, "bind")?;
+    point.mount(Some(&fd_name(source)), None, MsFlags::MS_BIND, None, "bind")?;
     let top = point.mounted()?;
     // What the point shows now must be the source itself: nothing was swapped in between.
     if identify(&top).map_err(sys("stat", &point.path))?.0 != source_id {
@@ -466,6 +468,9 @@ pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
     let devices = open_devices(&host, plan)?;
 
     let new_root = open_dir(NEW_ROOT)?;
+    // Every mount below names its source and target by descriptor, as paths relative to
+    // FD_DIR (see `fd_name`), so that is the working directory until the pivot.
+    chdir(FD_DIR).map_err(sys("chdir", FD_DIR))?;
     let root_point = MountPoint {
         entry: Entry {
             parent: open_dir("/")?,
