@@ -14,13 +14,13 @@
 //! does not have.
 #![no_main]
 
-/// musl's allocator returns small allocations' pages to the kernel as they are freed: 44
-/// mmap/munmap/brk calls per worker (glibc's malloc: 5), each unmap a TLB flush, and every
-/// new page a fault. dlmalloc grows in 64 KiB steps and keeps what it has: a worker lives
-/// for one call.
+/// Built against musl, the worker brings its own heap (see `sys::SingleThreadedHeap`):
+/// musl's allocator returns pages to the kernel as small allocations are freed, and a
+/// worker lives for one call.
 #[cfg(target_env = "musl")]
 #[global_allocator]
-static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+static HEAP: airlock_worker::sys::SingleThreadedHeap =
+    airlock_worker::sys::SingleThreadedHeap::new();
 
 #[unsafe(no_mangle)]
 extern "C" fn main(argc: std::ffi::c_int, argv: *const *const std::ffi::c_char) -> std::ffi::c_int {

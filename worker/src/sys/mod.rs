@@ -9,6 +9,9 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 use airlock_protocol::BpfInstruction;
 
+mod alloc;
+pub use alloc::SingleThreadedHeap;
+
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
     if ret < 0 {
         Err(io::Error::last_os_error())
