@@ -125,3 +125,45 @@ fn a_symlink_planted_on_a_nested_bind_path_fails_the_next_call_closed() {
     );
     assert_eq!(second["stdout"], "", "{second}");
 }
+
+/// Runs the mount fixture with `method` and returns its report.
+fn mount_probe(method: &str) -> Option<serde_json::Value> {
+    let out = std::process::Command::new(airlock_tests::fixture_bin("airlock-mount-probe"))
+        .arg(method)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{method}: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    if let Some(reason) = report.get("unavailable") {
+        assert!(
+            !airlock_tests::must_work(),
+            "user namespaces unavailable and AIRLOCK_MUST_WORK=1: {reason}"
+        );
+        eprintln!("SKIP: user namespaces unavailable: {reason}");
+        return None;
+    }
+    assert!(out.status.success(), "{method}: {report}");
+    Some(report)
+}
+
+#[test]
+fn binds_by_descriptor_and_by_mount_syscall_give_the_same_root() {
+    let (Some(preferred), Some(fallback)) =
+        (mount_probe("preferred"), mount_probe("mount-syscall"))
+    else {
+        return;
+    };
+    assert_eq!(preferred, fallback, "the two ways of binding differ");
+    // And what they give is what the plan asked for.
+    let flags = |name: &str, flag: &str| preferred[name][flag].as_bool().unwrap();
+    assert!(flags("usr", "rdonly") && flags("usr", "nosuid") && flags("usr", "nodev"));
+    assert_eq!(preferred["usr_create"], format!("errno {}", libc::EROFS));
+    assert!(!flags("dev_null", "nodev") && flags("dev_null", "noexec"));
+    assert!(flags("dev_null", "nosuid") && !flags("dev_null", "rdonly"));
+    assert_eq!(preferred["dev_null_write"], "ok");
+    assert_eq!(preferred["tmp_create"], "created");
+    assert_eq!(
+        preferred["etc_exists"], false,
+        "the host's /etc was not bound"
+    );
+}

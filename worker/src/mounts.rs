@@ -317,9 +317,88 @@ impl MountPoint {
     }
 }
 
-/// Binds `source` on the mount point (non-recursively: submounts of the host stay
-/// invisible) and remounts it nosuid, nodev, and read-only unless `writable`.
-fn bind(
+/// How binds are made. By descriptor when the kernel has the mount API for it (Linux
+/// 5.12: `open_tree`, `mount_setattr`, `move_mount`): the copy gets its read-only, nosuid
+/// and nodev flags while still detached, so it is never visible with weaker ones, and no
+/// path is looked up. With mount(2), each bind looks up three `/proc/self/fd` names, reads
+/// the source's flags (a remount must repeat the locked ones) and opens the point again to
+/// check what it shows. On a kernel without those calls (ENOSYS), or where a container's
+/// seccomp profile refuses them (EPERM), the worker uses mount(2) for the rest of its binds.
+#[derive(Debug)]
+pub struct Binder {
+    by_descriptor: std::cell::Cell<bool>,
+}
+
+/// Which way [`Binder`] makes binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindMethod {
+    /// The descriptor-based mount API, falling back to mount(2) where it is missing.
+    Preferred,
+    /// mount(2) and a remount only (what the fallback does; chosen by tests).
+    MountSyscall,
+}
+
+impl Binder {
+    fn new(method: BindMethod) -> Self {
+        Self {
+            by_descriptor: std::cell::Cell::new(method == BindMethod::Preferred),
+        }
+    }
+
+    /// Binds `source` on the mount point (non-recursively: submounts of the host stay
+    /// invisible) with the flags `extra` (nosuid, nodev, noexec), read-only unless
+    /// `writable`.
+    fn bind(
+        &self,
+        source: &OwnedFd,
+        source_id: FileId,
+        point: &MountPoint,
+        writable: bool,
+        extra: MsFlags,
+    ) -> Result<(), MountError> {
+        if self.by_descriptor.get() {
+            match bind_by_descriptor(source, point, writable, extra) {
+                Ok(()) => return Ok(()),
+                // Only the first two calls are probes of the kernel; a refused attach is a
+                // real failure.
+                Err((stage, Errno::ENOSYS | Errno::EPERM)) if stage != "attach" => {
+                    self.by_descriptor.set(false);
+                }
+                Err((stage, errno)) => return Err(sys(stage, &point.path)(errno)),
+            }
+        }
+        bind_by_remount(source, source_id, point, writable, extra)
+    }
+}
+
+fn bind_by_descriptor(
+    source: &OwnedFd,
+    point: &MountPoint,
+    writable: bool,
+    extra: MsFlags,
+) -> Result<(), (&'static str, Errno)> {
+    use crate::sys::mount_attr;
+    let errno = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+    let mut set = if writable { 0 } else { mount_attr::RDONLY };
+    for (flag, attr) in [
+        (MsFlags::MS_NOSUID, mount_attr::NOSUID),
+        (MsFlags::MS_NODEV, mount_attr::NODEV),
+        (MsFlags::MS_NOEXEC, mount_attr::NOEXEC),
+    ] {
+        if extra.contains(flag) {
+            set |= attr;
+        }
+    }
+    // Attached by descriptor, the mount is the copy of `source` itself on the point itself:
+    // no path is resolved in between, so there is nothing to re-check afterwards.
+    let tree = crate::sys::clone_mount_detached(source).map_err(|e| ("bind", errno(e)))?;
+    crate::sys::set_mount_attributes(&tree, set).map_err(|e| ("bind flags", errno(e)))?;
+    crate::sys::attach_mount(&tree, &point.fd).map_err(|e| ("attach", errno(e)))
+}
+
+/// Binds with mount(2) on descriptor names, checks that the point shows the source, then
+/// remounts with the flags wanted plus the ones the kernel locked.
+fn bind_by_remount(
     source: &OwnedFd,
     source_id: FileId,
     point: &MountPoint,
@@ -357,7 +436,12 @@ fn mount_tmpfs(
 }
 
 /// A minimal /dev: a small read-only tmpfs holding binds of the five harmless devices.
-fn build_dev(tree: &Tree, devices: &[(OwnedFd, FileId)], target: &str) -> Result<(), MountError> {
+fn build_dev(
+    binder: &Binder,
+    tree: &Tree,
+    devices: &[(OwnedFd, FileId)],
+    target: &str,
+) -> Result<(), MountError> {
     let point = MountPoint::make(tree, target, Point::Dir(0o755))?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
     mount_tmpfs(&point, 64 << 10, 0o755, flags)?;
@@ -367,7 +451,7 @@ fn build_dev(tree: &Tree, devices: &[(OwnedFd, FileId)], target: &str) -> Result
         .map_err(sys("open", target))?;
     for (name, (fd, id)) in DEVICES.iter().zip(devices) {
         let node = MountPoint::make(&dev, name, Point::File)?;
-        bind(fd, *id, &node, true, flags)?;
+        binder.bind(fd, *id, &node, true, flags)?;
     }
     for (link, name) in [
         ("/proc/self/fd", "fd"),
@@ -390,6 +474,7 @@ fn make_symlink(tree: &Tree, link_target: &OsStr, path: &str) -> Result<(), Moun
 }
 
 fn apply(
+    binder: &Binder,
     tree: &Tree,
     devices: &[(OwnedFd, FileId)],
     op: &MountOp,
@@ -404,7 +489,7 @@ fn apply(
             Some(Source::Node { fd, dir, id }) => {
                 let point = if dir { Point::Dir(0o755) } else { Point::File };
                 let point = MountPoint::make(tree, target, point)?;
-                bind(
+                binder.bind(
                     &fd,
                     id,
                     &point,
@@ -437,7 +522,7 @@ fn apply(
                 "mount proc",
             )
         }
-        MountOp::Dev { target } => build_dev(tree, devices, target),
+        MountOp::Dev { target } => build_dev(binder, tree, devices, target),
         MountOp::Symlink { link_target, path } => make_symlink(tree, OsStr::new(link_target), path),
         MountOp::Dir { path, mode } => {
             let entry = tree
@@ -452,6 +537,15 @@ fn apply(
 /// worker's own user and mount namespaces. Afterwards nothing of the host filesystem is
 /// reachable but what the plan bound.
 pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
+    build_root_filesystem_binding_by(plan, BindMethod::Preferred)
+}
+
+/// [`build_root_filesystem`], making binds the way `method` says (tests run both).
+pub fn build_root_filesystem_binding_by(
+    plan: &[MountOp],
+    method: BindMethod,
+) -> Result<(), MountError> {
+    let binder = Binder::new(method);
     // Propagation private first: nothing we mount may leak to the host, and no host mount
     // event may appear in the sandbox later.
     mount(
@@ -494,7 +588,7 @@ pub fn build_root_filesystem(plan: &[MountOp]) -> Result<(), MountError> {
     for (op, source) in plan.iter().zip(sources) {
         // proc must be mounted while the host's /proc is still visible: the kernel refuses
         // a new procfs in a user namespace otherwise (mount_too_revealing).
-        apply(&tree, &devices, op, source)?;
+        apply(&binder, &tree, &devices, op, source)?;
     }
     drop(tree);
     // The assembled root itself is read-only; writable places are the plan's binds and tmpfs.

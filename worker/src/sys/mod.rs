@@ -106,6 +106,91 @@ pub fn install_seccomp_filter(program: &[BpfInstruction]) -> io::Result<()> {
     check(ret).map(drop)
 }
 
+/// A detached copy of the mount `source` is on, rooted at `source` itself, not recursive
+/// (what `mount --bind` makes, attached nowhere yet): `open_tree(OPEN_TREE_CLONE)`, Linux 5.2.
+pub fn clone_mount_detached(source: &OwnedFd) -> io::Result<OwnedFd> {
+    use std::os::fd::AsRawFd;
+    // <linux/mount.h>; libc names it only in a module it does not export.
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let flags =
+        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+    // SAFETY: the path is an empty NUL-terminated string and AT_EMPTY_PATH makes the kernel
+    // use `source` itself; no other memory of ours is read.
+    let fd = check(unsafe {
+        libc::syscall(libc::SYS_open_tree, source.as_raw_fd(), c"".as_ptr(), flags)
+    })?;
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: open_tree returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `MOUNT_ATTR_*` flags of <linux/mount.h>, for [`set_mount_attributes`].
+pub mod mount_attr {
+    /// Read-only.
+    pub const RDONLY: u64 = 0x1;
+    /// Set-user-id bits and file capabilities ignored.
+    pub const NOSUID: u64 = 0x2;
+    /// Device nodes unusable.
+    pub const NODEV: u64 = 0x4;
+    /// Nothing executable.
+    pub const NOEXEC: u64 = 0x8;
+}
+
+/// Adds the [`mount_attr`] flags `set` to the mount `mount` (for example a detached tree
+/// from [`clone_mount_detached`]): `mount_setattr`, Linux 5.12. Flags not named stay as
+/// they are, so the ones the kernel locked on an inherited mount need no repeating.
+pub fn set_mount_attributes(mount: &OwnedFd, set: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // struct mount_attr, MOUNT_ATTR_SIZE_VER0 (32 bytes).
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `attr` is initialised, lives across the call and has the size passed; the
+    // kernel only reads it. The empty path with AT_EMPTY_PATH names `mount` itself.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    check(ret).map(drop)
+}
+
+/// Attaches the detached tree `mount` on the mount point `point`, both by descriptor (no
+/// path is looked up): `move_mount`, Linux 5.2.
+pub fn attach_mount(mount: &OwnedFd, point: &OwnedFd) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    // SAFETY: both paths are empty NUL-terminated strings that, with the EMPTY_PATH flags,
+    // name the descriptors themselves; the kernel reads no other memory of ours.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            point.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    check(ret).map(drop)
+}
+
 /// Closes every descriptor from `first` upwards.
 pub fn close_descriptors_from(first: u32) -> io::Result<()> {
     // SAFETY: close_range only closes descriptors; the worker owns every fd in the range
