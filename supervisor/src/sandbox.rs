@@ -868,12 +868,16 @@ async fn confine_over(
         .await
         .map_err(Conversation::Broken)?;
     // The worker reads a Run only after it has confined itself and said Ready; a worker
-    // that fails its set-up exits without reading it.
-    if let Some(request) = run_now {
-        channel
-            .send(&SupervisorMessage::Run(request))
-            .await
-            .map_err(Conversation::Broken)?;
+    // that fails its set-up exits without reading it — and may have exited already, so
+    // that this write fails (EPIPE) while its SetupFailed waits unread in our socket. That
+    // report decides the outcome; the failed write matters only if the worker said Ready.
+    // (Seen as `protocol_violation: Broken pipe` for a refused planted symlink once the
+    // worker's start-up got faster.)
+    let mut run_not_sent = None;
+    if let Some(request) = run_now
+        && let Err(error) = channel.send(&SupervisorMessage::Run(request)).await
+    {
+        run_not_sent = Some(error);
     }
     let started = Instant::now();
     match channel.receive().await {
@@ -891,11 +895,12 @@ async fn confine_over(
         Ok(other) => return Err(violation(format!("expected Hello, got {}", other.name()))),
         Err(e) => return Err(Conversation::Broken(e)),
     }
-    match channel.receive().await {
-        Ok(WorkerMessage::Ready(applied)) => Ok(applied),
-        Ok(WorkerMessage::SetupFailed(failure)) => Err(Conversation::SetupFailed { failure }),
-        Ok(other) => Err(violation(format!("expected Ready, got {}", other.name()))),
-        Err(e) => Err(Conversation::Broken(e)),
+    match (channel.receive().await, run_not_sent) {
+        (Ok(WorkerMessage::Ready(applied)), None) => Ok(applied),
+        (Ok(WorkerMessage::Ready(_)), Some(error)) => Err(Conversation::Broken(error)),
+        (Ok(WorkerMessage::SetupFailed(failure)), _) => Err(Conversation::SetupFailed { failure }),
+        (Ok(other), _) => Err(violation(format!("expected Ready, got {}", other.name()))),
+        (Err(e), _) => Err(Conversation::Broken(e)),
     }
 }
 
