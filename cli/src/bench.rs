@@ -66,6 +66,14 @@ pub struct Latency {
     vs_bwrap: Option<f64>,
 }
 
+/// Pool hits and misses during one throughput run.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolUse {
+    clients: usize,
+    hits: u64,
+    misses: u64,
+}
+
 /// Everything `bench` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -73,6 +81,9 @@ pub struct Report {
     latency: Vec<Latency>,
     throughput_calls_per_s: Vec<(String, f64)>,
     bwrap_throughput_calls_per_s: Vec<(String, f64)>,
+    /// How the throughput runs' calls were served: by a pooled worker, or cold because the
+    /// pool was empty.
+    pool_during_throughput: Vec<PoolUse>,
     deadline_to_reaped_ms: Latency,
     supervisor_rss_idle_kib: u64,
     supervisor_rss_with_pool_kib: u64,
@@ -548,12 +559,20 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
 
         let mut airlock_tp = Vec::new();
         let mut bwrap_tp = Vec::new();
+        let mut pool_during_tp = Vec::new();
         for clients in [1usize, 2] {
             wait_pool(2).await;
+            let before = pooled.pool_stats();
             airlock_tp.push((
                 format!("{clients} client(s), warm pooled /bin/true"),
                 throughput(&gate, clients, args.throughput_seconds).await,
             ));
+            let after = pooled.pool_stats();
+            pool_during_tp.push(PoolUse {
+                clients,
+                hits: after.hits.saturating_sub(before.hits),
+                misses: after.misses.saturating_sub(before.misses),
+            });
             if let Some(b) = &bwrap {
                 bwrap_tp.push((
                     format!("{clients} client(s)"),
@@ -604,6 +623,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             latency,
             throughput_calls_per_s: airlock_tp,
             bwrap_throughput_calls_per_s: bwrap_tp,
+            pool_during_throughput: pool_during_tp,
             deadline_to_reaped_ms: deadline,
             supervisor_rss_idle_kib: rss_idle,
             supervisor_rss_with_pool_kib: rss_pool,
@@ -646,6 +666,12 @@ fn print_table(report: &Report) {
     }
     for (name, value) in &report.bwrap_throughput_calls_per_s {
         println!("  bwrap   {name:<36} {value:>8.1}");
+    }
+    for pool in &report.pool_during_throughput {
+        println!(
+            "  airlock, {} client(s): {} calls on pooled workers, {} cold (pool empty)",
+            pool.clients, pool.hits, pool.misses
+        );
     }
     println!("\nmemory");
     if let Some(d) = &report.daemon_memory {
