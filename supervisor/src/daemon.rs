@@ -184,7 +184,7 @@ fn error_body(kind: &str, message: impl Into<String>) -> Value {
 struct Shared {
     gate: Arc<Gate>,
     config: DaemonConfig,
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
     stats: Stats,
     shutdown: CancelSignal,
     calls: CancelSignal,
@@ -225,7 +225,7 @@ pub async fn serve(
         }
     }
     let shared = Arc::new(Shared {
-        slots: Semaphore::new(config.max_concurrent.max(1)),
+        slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
         gate,
         config,
         stats: Stats::default(),
@@ -614,8 +614,18 @@ async fn spawn_call<F>(
             .await;
         return;
     }
-    let waiting = shared.stats.queued.fetch_add(1, Ordering::SeqCst);
-    if shared.slots.available_permits() == 0 && waiting >= shared.config.max_queued {
+    // A free slot is taken here, in request order, not later in the call's task: two
+    // requests read in one burst (a busy daemon) both saw the slot free, both were
+    // admitted, and their tasks raced for it — the second could run while the first
+    // waited, beyond --max-queued 0 (seen once in the VM matrix under emulation). Tokio's
+    // semaphore hands released permits to waiters first, so this never jumps the queue.
+    let slot = Arc::clone(&shared.slots).try_acquire_owned().ok();
+    let waiting = if slot.is_none() {
+        shared.stats.queued.fetch_add(1, Ordering::SeqCst)
+    } else {
+        0
+    };
+    if slot.is_none() && waiting >= shared.config.max_queued {
         shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
         shared.stats.overloaded.fetch_add(1, Ordering::Relaxed);
         let result = ToolResult::rejected(
@@ -637,11 +647,17 @@ async fn spawn_call<F>(
     let shared = Arc::clone(shared);
     let in_flight = Arc::clone(in_flight);
     tokio::spawn(async move {
-        let permit = tokio::select! {
-            permit = shared.slots.acquire() => permit.ok(),
-            () = signal.cancelled() => None,
+        let permit = match slot {
+            Some(slot) => Some(slot),
+            None => {
+                let permit = tokio::select! {
+                    permit = Arc::clone(&shared.slots).acquire_owned() => permit.ok(),
+                    () = signal.cancelled() => None,
+                };
+                shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
+                permit
+            }
         };
-        shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
         let body = match permit {
             None => {
                 json!({"result": ToolResult::rejected("", "", ToolError::new(ErrorKind::Cancelled, "cancelled while queued"))})

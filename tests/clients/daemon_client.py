@@ -139,19 +139,31 @@ def refused(path):
     print("ok", flush=True)
 
 
-def overload(path):
+def overload(path, together=False):
     c = Client(path)
-    c.call("first", "sleep", {"seconds": "1"})
-    time.sleep(0.3)
-    c.call("second", "echo", {"text": "x"})
+    first = {"id": "first", "op": "call", "tool": "sleep", "arguments": {"seconds": "1"}}
+    second = {"id": "second", "op": "call", "tool": "echo", "arguments": {"text": "x"}}
+    if together:
+        # Both requests in one write: the daemon reads them in one go.
+        c.send_raw((json.dumps(first) + "\n" + json.dumps(second) + "\n").encode())
+    else:
+        c.send(first)
+        time.sleep(0.3)
+        c.send(second)
     responses = {}
     for _ in range(2):
         r = c.receive()
         responses[r["id"]] = r
-    expect(responses["second"]["result"]["error"]["kind"] == "overloaded", responses)
+    error = responses["second"]["result"].get("error") or {}
+    expect(error.get("kind") == "overloaded", responses)
     expect(responses["first"]["result"]["ok"] is True, responses)
     print("ok", flush=True)
 
 
+def overload_together(path):
+    overload(path, together=True)
+
+
 if __name__ == "__main__":
-    {"basic": basic, "disconnect": disconnect, "tools": tools, "refused": refused, "overload": overload}[sys.argv[2]](sys.argv[1])
+    {"basic": basic, "disconnect": disconnect, "tools": tools, "refused": refused, "overload": overload,
+     "overload_together": overload_together}[sys.argv[2]](sys.argv[1])

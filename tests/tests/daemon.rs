@@ -206,6 +206,20 @@ fn beyond_the_queue_calls_are_overloaded() {
     assert_eq!(python(&daemon.socket, "overload", &[]).trim(), "ok");
 }
 
+#[test]
+fn calls_read_in_one_burst_are_admitted_in_order() {
+    if !sandbox_available() {
+        return;
+    }
+    // Two requests in one write: the first takes the only slot, the second is refused
+    // (before, both were admitted and raced for the slot in their own tasks).
+    let daemon = Daemon::start(&["--max-concurrent", "1", "--max-queued", "0"]);
+    assert_eq!(
+        python(&daemon.socket, "overload_together", &[]).trim(),
+        "ok"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_client_calls_over_bincode_frames() {
     if !sandbox_available() {
