@@ -325,7 +325,7 @@ impl MountPoint {
 /// check what it shows. On a kernel without those calls (ENOSYS), or where a container's
 /// seccomp profile refuses them (EPERM), the worker uses mount(2) for the rest of its binds.
 #[derive(Debug)]
-pub struct Binder {
+struct Binder {
     by_descriptor: std::cell::Cell<bool>,
 }
 
@@ -359,16 +359,23 @@ impl Binder {
         if self.by_descriptor.get() {
             match bind_by_descriptor(source, point, writable, extra) {
                 Ok(()) => return Ok(()),
-                // Only the first two calls are probes of the kernel; a refused attach is a
-                // real failure.
-                Err((stage, Errno::ENOSYS | Errno::EPERM)) if stage != "attach" => {
-                    self.by_descriptor.set(false);
+                Err(DescriptorBindError::Unsupported) => self.by_descriptor.set(false),
+                Err(DescriptorBindError::Failed(step, errno)) => {
+                    return Err(sys(step, &point.path)(errno));
                 }
-                Err((stage, errno)) => return Err(sys(stage, &point.path)(errno)),
             }
         }
         bind_by_remount(source, source_id, point, writable, extra)
     }
+}
+
+/// Why a bind by descriptor did not happen.
+#[derive(Debug)]
+enum DescriptorBindError {
+    /// `open_tree` or `mount_setattr` is missing or refused (ENOSYS, EPERM): use mount(2).
+    Unsupported,
+    /// This step failed otherwise (a refused attach is always a real failure).
+    Failed(&'static str, Errno),
 }
 
 fn bind_by_descriptor(
@@ -376,9 +383,16 @@ fn bind_by_descriptor(
     point: &MountPoint,
     writable: bool,
     extra: MsFlags,
-) -> Result<(), (&'static str, Errno)> {
+) -> Result<(), DescriptorBindError> {
     use crate::sys::mount_attr;
     let errno = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+    // The first two calls are the probes of what the kernel offers.
+    let probe = |step: &'static str| {
+        move |e: std::io::Error| match errno(e) {
+            Errno::ENOSYS | Errno::EPERM => DescriptorBindError::Unsupported,
+            other => DescriptorBindError::Failed(step, other),
+        }
+    };
     let mut set = if writable { 0 } else { mount_attr::RDONLY };
     for (flag, attr) in [
         (MsFlags::MS_NOSUID, mount_attr::NOSUID),
@@ -391,9 +405,10 @@ fn bind_by_descriptor(
     }
     // Attached by descriptor, the mount is the copy of `source` itself on the point itself:
     // no path is resolved in between, so there is nothing to re-check afterwards.
-    let tree = crate::sys::clone_mount_detached(source).map_err(|e| ("bind", errno(e)))?;
-    crate::sys::set_mount_attributes(&tree, set).map_err(|e| ("bind flags", errno(e)))?;
-    crate::sys::attach_mount(&tree, &point.fd).map_err(|e| ("attach", errno(e)))
+    let tree = crate::sys::clone_mount_detached(source).map_err(probe("bind"))?;
+    crate::sys::set_mount_attributes(&tree, set).map_err(probe("bind flags"))?;
+    crate::sys::attach_mount(&tree, &point.fd)
+        .map_err(|e| DescriptorBindError::Failed("attach", errno(e)))
 }
 
 /// Binds with mount(2) on descriptor names, checks that the point shows the source, then
