@@ -19,9 +19,13 @@ pub struct BenchArgs {
     /// Rounds of the latency measurements.
     #[arg(long, default_value_t = 100)]
     rounds: usize,
-    /// Seconds of each throughput measurement.
+    /// Seconds of each throughput measurement (per contender and client count).
     #[arg(long, default_value_t = 2.0)]
     throughput_seconds: f64,
+    /// Slices each throughput measurement is cut into, airlock's and bwrap's alternating
+    /// (ABBA...), so a machine that speeds up or slows down during the run moves both alike.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    throughput_slices: u32,
     /// Idle pooled workers for the memory measurement.
     #[arg(long, default_value_t = 8)]
     pool_workers: usize,
@@ -77,6 +81,20 @@ pub struct PoolUse {
     clients: usize,
     hits: u64,
     misses: u64,
+    /// Calls on workers made before their slice began, left out of the calls per second.
+    not_counted: u64,
+}
+
+/// One- or two-client throughput against bwrap's, from the interleaved slices.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThroughputRatio {
+    clients: usize,
+    /// airlock's calls per second over all its slices, divided by bwrap's.
+    ratio: f64,
+    /// The lowest and highest ratio of one airlock slice to the bwrap slice beside it.
+    slice_ratio_min: f64,
+    slice_ratio_max: f64,
+    slices: u32,
 }
 
 /// Everything `bench` reports.
@@ -86,6 +104,8 @@ pub struct Report {
     latency: Vec<Latency>,
     throughput_calls_per_s: Vec<(String, f64)>,
     bwrap_throughput_calls_per_s: Vec<(String, f64)>,
+    /// airlock's throughput over bwrap's, measured in alternating slices.
+    throughput_vs_bwrap: Vec<ThroughputRatio>,
     /// How the throughput runs' calls were served: by a pooled worker, or cold because the
     /// pool was empty.
     pool_during_throughput: Vec<PoolUse>,
@@ -348,8 +368,10 @@ fn true_run(policy: &CompiledPolicy) -> SandboxRun {
     }
 }
 
-async fn throughput(gate: &Arc<Gate>, clients: usize, seconds: f64) -> f64 {
-    let until = Instant::now() + Duration::from_secs_f64(seconds);
+/// Calls completed by `clients` concurrent clients in about `seconds`, and the seconds taken.
+async fn throughput(gate: &Arc<Gate>, clients: usize, seconds: f64) -> (u64, f64) {
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(seconds);
     let mut handles = Vec::new();
     for client in 0..clients {
         let gate = Arc::clone(gate);
@@ -372,11 +394,47 @@ async fn throughput(gate: &Arc<Gate>, clients: usize, seconds: f64) -> f64 {
     for handle in handles {
         total += handle.await.unwrap_or(0);
     }
-    total as f64 / seconds
+    (total, started.elapsed().as_secs_f64())
 }
 
-fn bwrap_throughput(bwrap: &Path, clients: usize, seconds: f64) -> f64 {
-    let until = Instant::now() + Duration::from_secs_f64(seconds);
+/// Calls and seconds summed over one contender's throughput slices.
+#[derive(Debug, Default)]
+struct SliceTotals {
+    calls: u64,
+    seconds: f64,
+    hits: u64,
+    misses: u64,
+    /// Calls left out because their worker was made before the slice began.
+    prefilled: u64,
+}
+
+impl SliceTotals {
+    /// Adds one slice's (calls, seconds) and returns that slice's rate.
+    fn add(&mut self, (calls, seconds): (u64, f64)) -> f64 {
+        self.calls += calls;
+        self.seconds += seconds;
+        calls as f64 / seconds.max(f64::MIN_POSITIVE)
+    }
+
+    fn rate(&self) -> f64 {
+        self.calls as f64 / self.seconds.max(f64::MIN_POSITIVE)
+    }
+}
+
+/// Waits until the supervisor is quiet: its pool full again and no worker being reaped.
+async fn settle(pooled: &Supervisor, pool: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (pooled.pool_stats().idle < pool || pooled.calls_in_flight() > 0)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Like [`throughput`], for `bwrap` runs of /bin/true.
+fn bwrap_throughput(bwrap: &Path, clients: usize, seconds: f64) -> (u64, f64) {
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(seconds);
     let threads: Vec<_> = (0..clients)
         .map(|_| {
             let bwrap = bwrap.to_path_buf();
@@ -392,7 +450,7 @@ fn bwrap_throughput(bwrap: &Path, clients: usize, seconds: f64) -> f64 {
         })
         .collect();
     let total: u64 = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
-    total as f64 / seconds
+    (total, started.elapsed().as_secs_f64())
 }
 
 /// Runs the benchmark and prints the report.
@@ -572,29 +630,65 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         let pooled = Arc::new(Supervisor::start(crate::supervisor_options())?);
         pooled.keep_warm(Arc::clone(&profile), args.throughput_pool);
         let gate = Arc::new(Gate::new(Arc::clone(&pooled), policy.clone()));
+        let mut ratios = Vec::new();
+        let slices = args.throughput_slices;
+        let slice_seconds = args.throughput_seconds / f64::from(slices);
         for clients in [1usize, 2] {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while (pooled.pool_stats().idle < args.throughput_pool || pooled.calls_in_flight() > 0)
-                && Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(2)).await;
+            let mut airlock = SliceTotals::default();
+            let mut bwrap_totals = SliceTotals::default();
+            let mut slice_ratios = Vec::new();
+            for slice in 0..slices {
+                // ABBA: airlock first in even slices, bwrap first in odd ones. Each slice
+                // starts on a quiet supervisor (pool full, nothing being reaped), so neither
+                // contender pays for the other's leftovers.
+                let bwrap_first = slice % 2 == 1;
+                let mut bwrap_rate = None;
+                if let (Some(b), true) = (&bwrap, bwrap_first) {
+                    settle(&pooled, args.throughput_pool).await;
+                    bwrap_rate =
+                        Some(bwrap_totals.add(bwrap_throughput(b, clients, slice_seconds)));
+                }
+                settle(&pooled, args.throughput_pool).await;
+                let before = pooled.pool_stats();
+                let (calls, seconds) = throughput(&gate, clients, slice_seconds).await;
+                let after = pooled.pool_stats();
+                // Workers made before the slice and used up in it were made off the clock:
+                // such calls are not counted at all (a strict lower bound; they did still
+                // do the call's own work).
+                let made_before = before.idle.saturating_sub(after.idle) as u64;
+                airlock.prefilled += made_before;
+                let rate = airlock.add((calls.saturating_sub(made_before), seconds));
+                airlock.hits += after.hits.saturating_sub(before.hits);
+                airlock.misses += after.misses.saturating_sub(before.misses);
+                if let (Some(b), false) = (&bwrap, bwrap_first) {
+                    settle(&pooled, args.throughput_pool).await;
+                    bwrap_rate =
+                        Some(bwrap_totals.add(bwrap_throughput(b, clients, slice_seconds)));
+                }
+                if let Some(bwrap_rate) = bwrap_rate.filter(|r| *r > 0.0) {
+                    slice_ratios.push(rate / bwrap_rate);
+                }
             }
-            let before = pooled.pool_stats();
-            airlock_tp.push((
-                format!("{clients} client(s), warm pooled /bin/true"),
-                throughput(&gate, clients, args.throughput_seconds).await,
-            ));
-            let after = pooled.pool_stats();
+            let rate = airlock.rate();
+            airlock_tp.push((format!("{clients} client(s), warm pooled /bin/true"), rate));
             pool_during_tp.push(PoolUse {
                 clients,
-                hits: after.hits.saturating_sub(before.hits),
-                misses: after.misses.saturating_sub(before.misses),
+                hits: airlock.hits,
+                misses: airlock.misses,
+                not_counted: airlock.prefilled,
             });
-            if let Some(b) = &bwrap {
-                bwrap_tp.push((
-                    format!("{clients} client(s)"),
-                    bwrap_throughput(b, clients, args.throughput_seconds),
-                ));
+            if bwrap.is_some() {
+                let bwrap_rate = bwrap_totals.rate();
+                bwrap_tp.push((format!("{clients} client(s)"), bwrap_rate));
+                if bwrap_rate > 0.0 {
+                    ratios.push(ThroughputRatio {
+                        clients,
+                        ratio: rate / bwrap_rate,
+                        slice_ratio_min: slice_ratios.iter().copied().fold(f64::INFINITY, f64::min),
+                        slice_ratio_max: slice_ratios.iter().copied().fold(0.0, f64::max),
+                        slices,
+                    });
+                }
             }
         }
 
@@ -640,6 +734,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             latency,
             throughput_calls_per_s: airlock_tp,
             bwrap_throughput_calls_per_s: bwrap_tp,
+            throughput_vs_bwrap: ratios,
             pool_during_throughput: pool_during_tp,
             throughput_pool: args.throughput_pool,
             deadline_to_reaped_ms: deadline,
@@ -688,10 +783,16 @@ fn print_table(report: &Report) {
     for (name, value) in &report.bwrap_throughput_calls_per_s {
         println!("  bwrap   {name:<36} {value:>8.1}");
     }
+    for r in &report.throughput_vs_bwrap {
+        println!(
+            "  airlock / bwrap, {} client(s)                {:>8.2}   (slices of {}: {:.2}–{:.2})",
+            r.clients, r.ratio, r.slices, r.slice_ratio_min, r.slice_ratio_max
+        );
+    }
     for pool in &report.pool_during_throughput {
         println!(
-            "  airlock, {} client(s): {} calls on pooled workers, {} cold (pool empty)",
-            pool.clients, pool.hits, pool.misses
+            "  airlock, {} client(s): {} calls on pooled workers, {} cold (pool empty), {} not counted (worker made before its slice)",
+            pool.clients, pool.hits, pool.misses, pool.not_counted
         );
     }
     println!("\nmemory");

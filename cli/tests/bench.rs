@@ -49,6 +49,22 @@ fn bench_json_reports_latency_throughput_kill_and_memory_figures() {
         report["throughput_calls_per_s"].as_array().unwrap().len(),
         2
     );
+    // With bwrap installed, both client counts get a ratio from the alternating slices.
+    if !report["bwrap_throughput_calls_per_s"]
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        let ratios = report["throughput_vs_bwrap"].as_array().unwrap();
+        assert_eq!(ratios.len(), 2, "{ratios:?}");
+        for r in ratios {
+            let ratio = r["ratio"].as_f64().unwrap();
+            assert!(ratio > 0.0 && ratio.is_finite(), "{r:?}");
+            assert!(
+                r["slice_ratio_min"].as_f64().unwrap() <= r["slice_ratio_max"].as_f64().unwrap()
+            );
+        }
+    }
     assert!(report["deadline_to_reaped_ms"]["samples"].as_u64().unwrap() > 0);
     assert!(report["supervisor_rss_idle_kib"].as_u64().unwrap() > 0);
     // The pooled workers were found and measured (a worker maps at least libc and itself).
