@@ -21,6 +21,10 @@ pub struct PoolStats {
     pub misses: u64,
     /// Idle workers now, over all profiles.
     pub idle: usize,
+    /// Workers that got an empty cgroup of an earlier worker instead of a new one.
+    pub cgroups_reused: u64,
+    /// Empty worker cgroups kept for reuse now.
+    pub cgroups_kept: usize,
 }
 
 #[derive(Debug)]
@@ -140,6 +144,7 @@ impl<W> Pool<W> {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             idle,
+            ..PoolStats::default()
         }
     }
 }
@@ -166,7 +171,8 @@ mod tests {
             PoolStats {
                 hits: 2,
                 misses: 1,
-                idle: 0
+                idle: 0,
+                ..PoolStats::default()
             }
         );
     }

@@ -17,7 +17,7 @@ use airlock_protocol::{
 };
 
 use crate::cancel::CancelSignal;
-use crate::cgroup::{CgroupLimits, CgroupParent, CgroupStats, WorkerCgroup};
+use crate::cgroup::{CgroupLimits, CgroupParent, CgroupRecycler, CgroupStats, WorkerCgroup};
 use crate::channel::{ChannelError, WorkerChannel};
 use crate::pool::{Pool, PoolStats};
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
@@ -81,6 +81,8 @@ pub struct Supervisor {
     pool: Pool<ReadyWorker>,
     /// Which pool serves a profile.
     pool_keys: PoolKeys,
+    /// Empty worker cgroups kept for the next workers.
+    cgroup_spares: Arc<CgroupRecycler>,
 }
 
 /// A confined worker waiting for its one call.
@@ -229,10 +231,23 @@ enum Conversation {
 struct WorkerLease {
     pidfd: Option<OwnedFd>,
     cgroup: Option<WorkerCgroup>,
+    /// Where the cgroup goes once the worker is reaped, if it may serve another worker.
+    recycler: Option<Arc<CgroupRecycler>>,
 }
 
 impl WorkerLease {
-    /// Kills the worker and, on v2, everything in its cgroup.
+    /// SIGKILL to the worker alone, by pidfd: as PID 1 of its pid namespace, its death ends
+    /// every process in the namespace, and so in its cgroup. Leaves out `cgroup.kill`,
+    /// after which Linux 6.12 (Debian's backport, at least) SIGKILLs every process later
+    /// cloned into that cgroup with CLONE_INTO_CGROUP: the cgroup could not serve another
+    /// worker (seen in the VM matrix: each reused cgroup's worker died at birth).
+    fn kill_worker_only(&self) {
+        if let Some(pidfd) = &self.pidfd {
+            let _ = sys::signal_pidfd(pidfd, libc::SIGKILL);
+        }
+    }
+
+    /// Kills the worker and, on v2, everything in its cgroup (which is then not reused).
     fn kill(&self) {
         if let Some(cgroup) = &self.cgroup {
             let _ = cgroup.kill_all();
@@ -242,9 +257,9 @@ impl WorkerLease {
         }
     }
 
-    /// Removes the (empty) cgroup; the worker must have been killed. Should it still not be
-    /// reaped (it did not end within the wait of [`wait_for_exit`]), both are handed to a
-    /// background clean-up rather than leaving a zombie.
+    /// Recycles or removes the (empty) cgroup; the worker must have been killed. Should it
+    /// still not be reaped (it did not end within the wait of [`wait_for_exit`]), both are
+    /// handed to a background clean-up rather than leaving a zombie.
     fn release(&mut self) {
         if let Some(pidfd) = self.pidfd.take()
             && matches!(sys::try_reap_pidfd(&pidfd), Ok(None))
@@ -254,7 +269,14 @@ impl WorkerLease {
             crate::spawn::clean_up_in_background(Some(pidfd), move || remove_cgroup(cgroup));
             return;
         }
-        remove_cgroup(self.cgroup.take());
+        match (self.cgroup.take(), &self.recycler) {
+            (Some(cgroup), Some(recycler)) => {
+                if let Err(e) = recycler.recycle_or_remove(cgroup) {
+                    tracing::warn!(error = %error_chain(&e), "cgroup left behind");
+                }
+            }
+            (cgroup, _) => remove_cgroup(cgroup),
+        }
     }
 }
 
@@ -352,6 +374,7 @@ impl Supervisor {
             active: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             pool: Pool::default(),
             pool_keys: PoolKeys::default(),
+            cgroup_spares: Arc::default(),
         })
     }
 
@@ -378,6 +401,8 @@ impl Supervisor {
                 () = tokio::time::sleep_until(deadline) => break,
             }
         }
+        // After the wait: every released cgroup has come back by now.
+        self.cgroup_spares.clear();
     }
 
     /// The cgroup parent, or why there is none.
@@ -491,7 +516,13 @@ impl Supervisor {
                 if let Some(mut channel) = channel {
                     let _ = channel.send(&SupervisorMessage::Shutdown).await;
                 }
-                let _ = reap_worker(&lease).await;
+                // A finished worker is PID 1 of its pid namespace and every process in its
+                // cgroup is in that namespace: killing it ends them all, and the cgroup,
+                // never written a `cgroup.kill`, stays fit for reuse (see `kill_worker_only`).
+                lease.kill_worker_only();
+                if let Some(pidfd) = &lease.pidfd {
+                    wait_for_exit(pidfd).await;
+                }
                 release_later(lease, cleanup);
             });
             stats
@@ -572,7 +603,11 @@ impl Supervisor {
 
     /// Pool counters.
     pub fn pool_stats(&self) -> PoolStats {
-        self.pool.stats()
+        PoolStats {
+            cgroups_reused: self.cgroup_spares.reused(),
+            cgroups_kept: self.cgroup_spares.len(),
+            ..self.pool.stats()
+        }
     }
 
     /// Calls in progress plus finished calls whose worker is still being reaped and removed
@@ -624,6 +659,7 @@ impl Supervisor {
         let mut lease = WorkerLease {
             pidfd: None,
             cgroup,
+            recycler: (!self.closing.is_cancelled()).then(|| Arc::clone(&self.cgroup_spares)),
         };
         let stdio = match inherit_stdio {
             Some(fds) => {
@@ -820,6 +856,9 @@ impl Supervisor {
                 .cpu_quota_percent
                 .map(|p| (u64::from(p) * 1000, 100_000)),
         };
+        if let Some(cgroup) = self.cgroup_spares.take(&limits) {
+            return Ok(Some(cgroup));
+        }
         match parent.create_worker_cgroup(&name, &limits) {
             Ok(cgroup) => Ok(Some(cgroup)),
             Err(e) if required => Err(Box::new(ToolError {

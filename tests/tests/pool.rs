@@ -86,3 +86,115 @@ async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
     pooled.close().await;
     assert_eq!(pooled.pool_stats().idle, 0);
 }
+
+/// The kernel's (major, minor) version.
+fn kernel_version() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']);
+    let mut next = || parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (next(), next())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_cgroup_starts_clean_and_one_that_hit_a_limit_is_not_reused() {
+    if !sandbox_available() {
+        return;
+    }
+    let policy = load_policy_str(
+        r#"version = 1
+[profiles.default]
+read = ["/usr"]
+read_optional = ["/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache"]
+limits = { memory = "96MiB", pids = 64, timeout = "20s" }
+"#,
+        "reuse.toml",
+    )
+    .unwrap()
+    .policy;
+    let profile = Arc::clone(&policy.profiles["default"]);
+    let supervisor = Supervisor::start(SupervisorOptions {
+        worker_program: Some((airlock_bin(), Vec::new())),
+        ..Default::default()
+    })
+    .unwrap();
+    // Each call's cgroup is released (recycled or removed) after its answer.
+    let settled = || async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while supervisor.calls_in_flight() > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "a call never finished cleaning up"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let peak = |r: &airlock::ToolResult| r.usage.peak_memory_bytes.unwrap_or(0);
+
+    // 1. Holds ~24 MiB, well within the limit.
+    let hog = supervisor
+        .run(
+            run(
+                &profile,
+                "a=$(head -c 24000000 /dev/zero | tr '\\0' x); echo ${#a}",
+            ),
+            None,
+        )
+        .await;
+    assert!(hog.ok, "{hog:?}");
+    assert!(peak(&hog) >= 24_000_000, "{hog:?}");
+    settled().await;
+    let v1 = hog.isolation.cgroup.as_deref() == Some("v1");
+    // memory.peak is reset per open file from Linux 6.12 on; before that a v2 cgroup is
+    // never handed to a second worker.
+    let reusable = v1 || kernel_version() >= (6, 12);
+    assert_eq!(
+        supervisor.pool_stats().cgroups_kept,
+        1,
+        "{:?}",
+        supervisor.pool_stats()
+    );
+
+    // 2. The next worker may get that cgroup, but its peak is its own.
+    let small = supervisor.run(run(&profile, "true"), None).await;
+    assert!(small.ok, "{small:?}");
+    assert!(
+        peak(&small) < 16 << 20,
+        "the last call's peak leaked in: {small:?}"
+    );
+    settled().await;
+    let stats = supervisor.pool_stats();
+    assert_eq!(stats.cgroups_reused, u64::from(reusable), "{stats:?}");
+    assert_eq!(stats.cgroups_kept, 1, "{stats:?}");
+
+    // 3. An OOM kill: that cgroup is removed, not kept.
+    let bomb = supervisor
+        .run(
+            run(&profile, "a=xxxxxxxxxxxxxxxx; while :; do a=$a$a; done"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        bomb.error.as_ref().map(|e| e.kind),
+        Some(airlock::ErrorKind::OutOfMemory),
+        "{bomb:?}"
+    );
+    settled().await;
+    let stats = supervisor.pool_stats();
+    assert_eq!(
+        stats.cgroups_kept, 0,
+        "a cgroup with an OOM kill was kept: {stats:?}"
+    );
+    assert_eq!(stats.cgroups_reused, 2 * u64::from(reusable), "{stats:?}");
+
+    // 4. And the call after it is clean: no OOM verdict, a small peak.
+    let after = supervisor.run(run(&profile, "true"), None).await;
+    assert!(after.ok, "{after:?}");
+    assert!(peak(&after) < 16 << 20, "{after:?}");
+    settled().await;
+    supervisor.close().await;
+    assert_eq!(
+        supervisor.pool_stats().cgroups_kept,
+        0,
+        "close keeps nothing"
+    );
+}
