@@ -83,6 +83,9 @@ pub struct PoolUse {
     misses: u64,
     /// Calls on workers made before their slice began, left out of the calls per second.
     not_counted: u64,
+    /// Workers made during the slices in an earlier worker's emptied cgroup rather than a
+    /// new one.
+    cgroups_reused: u64,
 }
 
 /// One- or two-client throughput against bwrap's, from the interleaved slices.
@@ -406,6 +409,8 @@ struct SliceTotals {
     misses: u64,
     /// Calls left out because their worker was made before the slice began.
     prefilled: u64,
+    /// Workers cloned into an earlier worker's emptied cgroup during the slices.
+    cgroups_reused: u64,
 }
 
 impl SliceTotals {
@@ -660,6 +665,8 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 let rate = airlock.add((calls.saturating_sub(made_before), seconds));
                 airlock.hits += after.hits.saturating_sub(before.hits);
                 airlock.misses += after.misses.saturating_sub(before.misses);
+                airlock.cgroups_reused +=
+                    after.cgroups_reused.saturating_sub(before.cgroups_reused);
                 if let (Some(b), false) = (&bwrap, bwrap_first) {
                     settle(&pooled, args.throughput_pool).await;
                     bwrap_rate =
@@ -676,6 +683,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 hits: airlock.hits,
                 misses: airlock.misses,
                 not_counted: airlock.prefilled,
+                cgroups_reused: airlock.cgroups_reused,
             });
             if bwrap.is_some() {
                 let bwrap_rate = bwrap_totals.rate();
@@ -791,8 +799,8 @@ fn print_table(report: &Report) {
     }
     for pool in &report.pool_during_throughput {
         println!(
-            "  airlock, {} client(s): {} calls on pooled workers, {} cold (pool empty), {} not counted (worker made before its slice)",
-            pool.clients, pool.hits, pool.misses, pool.not_counted
+            "  airlock, {} client(s): {} calls on pooled workers, {} cold (pool empty), {} not counted (worker made before its slice); {} workers in a reused cgroup",
+            pool.clients, pool.hits, pool.misses, pool.not_counted, pool.cgroups_reused
         );
     }
     println!("\nmemory");

@@ -65,6 +65,16 @@ fn bench_json_reports_latency_throughput_kill_and_memory_figures() {
             );
         }
     }
+    // Each throughput run says how its calls were served; a reused cgroup (v1, or v2 from
+    // Linux 6.12) serves at most one worker at a time, so never more than the calls.
+    for pool in report["pool_during_throughput"].as_array().unwrap() {
+        let calls = pool["hits"].as_u64().unwrap() + pool["misses"].as_u64().unwrap();
+        assert!(
+            pool["cgroups_reused"].as_u64().unwrap()
+                <= calls + pool["not_counted"].as_u64().unwrap(),
+            "{pool:?}"
+        );
+    }
     assert!(report["deadline_to_reaped_ms"]["samples"].as_u64().unwrap() > 0);
     assert!(report["supervisor_rss_idle_kib"].as_u64().unwrap() > 0);
     // The pooled workers were found and measured (a worker maps at least libc and itself).

@@ -30,9 +30,6 @@ pub enum SupervisorError {
     /// Building the worker image or the spawner failed.
     #[error(transparent)]
     Spawn(#[from] SpawnError),
-    /// This process cannot be made a child subreaper.
-    #[error("cannot become a child subreaper: {0}")]
-    Subreaper(std::io::Error),
 }
 
 /// Options of a [`Supervisor`].
@@ -344,9 +341,15 @@ fn duration_ms(d: Duration) -> u64 {
 }
 
 impl Supervisor {
-    /// Seals the worker image, starts the spawner, detects cgroups, becomes a subreaper.
+    /// Seals the worker image, starts the spawner, detects cgroups.
+    ///
+    /// The process is deliberately not made a child subreaper: every worker is PID 1 of its
+    /// own pid namespace, so nothing a tool starts can be orphaned out of it, and a
+    /// subreaper would adopt every orphan of the embedding process (a gateway's own
+    /// double-forked helpers; bwrap's, in `airlock bench`) and, never reaping them, keep
+    /// them as zombies: thousands during a bench run, each one more task for every
+    /// `pivot_root` on the machine to visit.
     pub fn start(options: SupervisorOptions) -> Result<Self, SupervisorError> {
-        sys::become_child_subreaper().map_err(SupervisorError::Subreaper)?;
         let (image, extra_args) = match &options.worker_program {
             Some((path, args)) => (WorkerImage::seal_from(path)?, args.clone()),
             None => match options.worker_image {

@@ -158,3 +158,46 @@ async fn close_cancels_running_calls_and_leaves_nothing_behind() {
         Some(airlock::ErrorKind::Cancelled)
     );
 }
+
+/// The embedding process's own orphans are not adopted: a subreaper that never reaps them
+/// would keep each one as a zombie for as long as the gateway runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_supervisor_does_not_adopt_the_gateways_orphans() {
+    if !sandbox_available() {
+        return;
+    }
+    let supervisor = Supervisor::start(SupervisorOptions {
+        worker_program: Some((airlock_bin(), Vec::new())),
+        ..Default::default()
+    })
+    .unwrap();
+    // The gateway runs a helper that leaves a grandchild behind and exits.
+    let out = std::process::Command::new("/bin/sh")
+        .args(["-c", "/bin/sleep 3 & echo $!"])
+        .stdout(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let orphan: u32 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let parent_of = |pid: u32| -> Option<u32> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    // Re-parenting happens as its parent exits, which `output` waited for.
+    let parent = parent_of(orphan).expect("the orphan sleeps for 3 s");
+    // SAFETY: a plain syscall; the pid is the sleep started above, alive a moment ago.
+    unsafe { libc::kill(orphan as i32, libc::SIGKILL) };
+    assert_ne!(
+        parent,
+        std::process::id(),
+        "the supervisor's process adopted an orphan of the gateway"
+    );
+    supervisor.close().await;
+}

@@ -73,11 +73,6 @@ pub fn memfd_seals(fd: &OwnedFd) -> io::Result<i32> {
     check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })
 }
 
-/// Makes this process a child subreaper, so orphans of workers come back to us, not init.
-pub fn become_child_subreaper() -> io::Result<()> {
-    nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)
-}
-
 /// The kernel's Landlock ABI version (error if Landlock is absent or disabled).
 pub fn landlock_abi_version() -> io::Result<i64> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_long = 1;
