@@ -312,8 +312,9 @@ pub(crate) fn clean_up_in_background(pidfd: Option<OwnedFd>, then: impl FnOnce()
     }
 }
 
-/// How many background clean-ups (of workers dropped midway) are still running in this
-/// process; [`crate::Supervisor::close`] waits for them.
+/// How many background clean-ups (of workers dropped midway, and spawn requests the
+/// spawner has not answered yet) are still running in this process;
+/// [`crate::Supervisor::close`] waits for them.
 pub(crate) fn background_cleanups() -> usize {
     BACKGROUND_CLEANUPS.load(std::sync::atomic::Ordering::SeqCst)
 }
@@ -354,6 +355,29 @@ pub async fn await_exec(report: OwnedFd) -> Result<(), SpawnError> {
 
 type Reply = tokio::sync::oneshot::Sender<Result<Spawned, SpawnError>>;
 
+/// A spawn request on its way through the spawner, counted among the background clean-ups
+/// until its reply has been sent or dropped. A caller that gives up on a call while the
+/// spawner is still cloning its worker no longer counts as an active call; without this,
+/// `close` could return before that worker exists, and so before its unread reply's
+/// [`ChildProcess`] is dropped, which kills and reaps it (seen once in the 6.12 VM: one
+/// process left after `close` in the abandon test).
+#[derive(Debug)]
+struct SpawnInFlight;
+
+impl SpawnInFlight {
+    fn enter() -> Self {
+        BACKGROUND_CLEANUPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self
+    }
+}
+
+impl Drop for SpawnInFlight {
+    fn drop(&mut self) {
+        BACKGROUND_CLEANUPS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        SETTLED.notify_waiters();
+    }
+}
+
 /// Handle to the spawner threads. Clones share them; when the last clone is dropped the
 /// threads are told to stop and joined, so the sealed worker image they hold is closed by
 /// the time the supervisor is gone (the soak test counts our descriptors).
@@ -375,7 +399,7 @@ struct SpawnerThreads {
 
 #[derive(Debug)]
 struct SpawnerThread {
-    requests: Option<mpsc::Sender<(SpawnRequest, Reply)>>,
+    requests: Option<mpsc::Sender<(SpawnRequest, Reply, SpawnInFlight)>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -404,7 +428,7 @@ impl SpawnerThread {
         extra_args: std::sync::Arc<Vec<String>>,
         new_network_namespace: bool,
     ) -> Result<Self, SpawnError> {
-        let (requests, receiver) = mpsc::channel::<(SpawnRequest, Reply)>();
+        let (requests, receiver) = mpsc::channel::<(SpawnRequest, Reply, SpawnInFlight)>();
         let (started, is_started) = mpsc::sync_channel::<io::Result<()>>(1);
         let thread = std::thread::Builder::new()
             .name(name.into())
@@ -433,12 +457,14 @@ impl SpawnerThread {
                         receiver.recv_timeout(std::time::Duration::from_millis(1))
                     };
                     match next {
-                        Ok((request, reply)) => {
+                        Ok((request, reply, in_flight)) => {
                             let spawned =
                                 spawn_worker(&image, mapping, &extra_args, request, &mut children);
                             // If the caller gave up while we were spawning, the reply is
-                            // dropped here and its ChildProcess kills and reaps the worker.
+                            // dropped here and its ChildProcess kills and reaps the worker
+                            // (counted as a clean-up of its own before `in_flight` ends).
                             drop(reply.send(spawned));
+                            drop(in_flight);
                         }
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
                         Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -476,7 +502,7 @@ impl SpawnerThread {
         self.requests
             .as_ref()
             .ok_or(SpawnError::SpawnerGone)?
-            .send((request, reply))
+            .send((request, reply, SpawnInFlight::enter()))
             .map_err(|_| SpawnError::SpawnerGone)?;
         answer.await.map_err(|_| SpawnError::SpawnerGone)?
     }

@@ -189,6 +189,15 @@ pub fn host_processes_with(marker: &str) -> Vec<u32> {
     found
 }
 
+/// A supervisor with default options whose workers are this build's `airlock` binary.
+pub fn supervisor() -> airlock::Supervisor {
+    airlock::Supervisor::start(airlock::SupervisorOptions {
+        worker_program: Some((airlock_bin(), Vec::new())),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// A supervisor whose workers are `airlock-hostile-worker` breaking the protocol in `mode`.
 pub fn supervisor_with_hostile_worker(mode: &str) -> airlock::Supervisor {
     airlock::Supervisor::start(airlock::SupervisorOptions {

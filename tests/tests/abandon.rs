@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use airlock::{CancelSignal, ErrorKind, SandboxRun, Supervisor, SupervisorOptions};
+use airlock::{CancelSignal, ErrorKind, SandboxRun};
 use airlock_policy::load_policy_str;
-use airlock_tests::{airlock_bin, our_cgroup_dirs, our_children, sandbox_available};
+use airlock_tests::{our_cgroup_dirs, our_children, sandbox_available};
 
 #[derive(Debug, Clone, Copy)]
 enum GiveUp {
@@ -26,13 +26,7 @@ async fn calls_given_up_during_the_spawn_answer_and_leave_nothing_behind() {
     if !sandbox_available() {
         return;
     }
-    let supervisor = Arc::new(
-        Supervisor::start(SupervisorOptions {
-            worker_program: Some((airlock_bin(), Vec::new())),
-            ..Default::default()
-        })
-        .unwrap(),
-    );
+    let supervisor = Arc::new(airlock_tests::supervisor());
     let policy = load_policy_str(
         airlock_policy::presets::preset_text("default").unwrap(),
         "default",

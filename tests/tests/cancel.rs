@@ -5,20 +5,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock::{SandboxRun, Supervisor, SupervisorOptions};
+use airlock::SandboxRun;
 use airlock_policy::load_policy_str;
-use airlock_tests::{airlock_bin, sandbox_available};
+use airlock_tests::sandbox_available;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_running_call_kills_its_worker() {
     if !sandbox_available() {
         return;
     }
-    let supervisor = Supervisor::start(SupervisorOptions {
-        worker_program: Some((airlock_bin(), Vec::new())),
-        ..Default::default()
-    })
-    .unwrap();
+    let supervisor = airlock_tests::supervisor();
     let policy = load_policy_str(
         airlock_policy::presets::preset_text("default").unwrap(),
         "default",
@@ -48,11 +44,7 @@ async fn cancelling_a_call_returns_cancelled_and_kills_the_tree() {
     if !sandbox_available() {
         return;
     }
-    let supervisor = Supervisor::start(SupervisorOptions {
-        worker_program: Some((airlock_bin(), Vec::new())),
-        ..Default::default()
-    })
-    .unwrap();
+    let supervisor = airlock_tests::supervisor();
     let policy = load_policy_str(
         airlock_policy::presets::preset_text("default").unwrap(),
         "default",

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock::{SandboxRun, Supervisor, SupervisorOptions};
+use airlock::SandboxRun;
 use airlock_policy::load_policy_str;
-use airlock_tests::{airlock_bin, our_cgroup_dirs, our_children, sandbox_available};
+use airlock_tests::{our_cgroup_dirs, our_children, sandbox_available};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
@@ -24,11 +24,7 @@ async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
         .unwrap()
         .lines()
         .count();
-    let supervisor = Supervisor::start(SupervisorOptions {
-        worker_program: Some((airlock_bin(), Vec::new())),
-        ..Default::default()
-    })
-    .unwrap();
+    let supervisor = airlock_tests::supervisor();
     let policy = load_policy_str(
         airlock_policy::presets::preset_text("default").unwrap(),
         "default",

@@ -9,9 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use airlock::audit::AuditSink;
 use airlock::gate::{ApprovalCallback, ApprovalRequest, Clock};
-use airlock::{CallOptions, ErrorKind, Gate, Supervisor, SupervisorOptions, ToolCall};
+use airlock::{CallOptions, ErrorKind, Gate, ToolCall};
 use airlock_policy::load_policy_str;
-use airlock_tests::{airlock_bin, sandbox_available};
+use airlock_tests::sandbox_available;
 
 const POLICY: &str = r#"
 version = 1
@@ -128,11 +128,7 @@ fn logs() -> &'static Buffer {
 
 fn gate_with(clock: Option<Arc<FakeClock>>) -> Gate {
     let _ = logs();
-    let supervisor = Supervisor::start(SupervisorOptions {
-        worker_program: Some((airlock_bin(), Vec::new())),
-        ..Default::default()
-    })
-    .unwrap();
+    let supervisor = airlock_tests::supervisor();
     let policy = load_policy_str(POLICY, "gate.toml").unwrap().policy;
     let gate = Gate::new(Arc::new(supervisor), policy);
     match clock {

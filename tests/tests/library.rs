@@ -5,12 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock::{
-    Acknowledgement, CallOptions, CancelSignal, Gate, Sandbox, Supervisor, SupervisorOptions,
-    ToolCall, UnsafeLocal,
-};
+use airlock::{Acknowledgement, CallOptions, CancelSignal, Gate, Sandbox, ToolCall, UnsafeLocal};
 use airlock_policy::load_policy_str;
-use airlock_tests::{airlock_bin, host_processes_with, sandbox_available};
+use airlock_tests::{host_processes_with, sandbox_available};
 
 const POLICY: &str = r#"version = 1
 [profiles.default]
@@ -60,13 +57,7 @@ async fn both_backends_plug_in_behind_the_sandbox_trait_and_say_which_they_are()
         return;
     }
     let policy = || load_policy_str(POLICY, "lib.toml").unwrap().policy;
-    let supervisor = Arc::new(
-        Supervisor::start(SupervisorOptions {
-            worker_program: Some((airlock_bin(), Vec::new())),
-            ..Default::default()
-        })
-        .unwrap(),
-    );
+    let supervisor = Arc::new(airlock_tests::supervisor());
     let backends: Vec<Box<dyn Sandbox>> = vec![
         Box::new(Gate::new(supervisor, policy())),
         Box::new(UnsafeLocal::new(
@@ -99,13 +90,7 @@ async fn close_cancels_running_calls_and_leaves_nothing_behind() {
     if !sandbox_available() {
         return;
     }
-    let supervisor = Arc::new(
-        Supervisor::start(SupervisorOptions {
-            worker_program: Some((airlock_bin(), Vec::new())),
-            ..Default::default()
-        })
-        .unwrap(),
-    );
+    let supervisor = Arc::new(airlock_tests::supervisor());
     let gate = Arc::new(Gate::new(
         Arc::clone(&supervisor),
         load_policy_str(POLICY, "lib.toml").unwrap().policy,
@@ -166,14 +151,11 @@ async fn a_running_supervisor_does_not_adopt_the_gateways_orphans() {
     if !sandbox_available() {
         return;
     }
-    let supervisor = Supervisor::start(SupervisorOptions {
-        worker_program: Some((airlock_bin(), Vec::new())),
-        ..Default::default()
-    })
-    .unwrap();
-    // The gateway runs a helper that leaves a grandchild behind and exits.
+    let supervisor = airlock_tests::supervisor();
+    // The gateway runs a helper that leaves a grandchild behind and exits. The grandchild
+    // must not hold the stdout pipe, or `output` would wait for it to end.
     let out = std::process::Command::new("/bin/sh")
-        .args(["-c", "/bin/sleep 3 & echo $!"])
+        .args(["-c", "/bin/sleep 3 </dev/null >/dev/null 2>&1 & echo $!"])
         .stdout(std::process::Stdio::piped())
         .output()
         .unwrap();

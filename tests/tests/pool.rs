@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock::{SandboxRun, Supervisor, SupervisorOptions};
+use airlock::SandboxRun;
 use airlock_policy::load_policy_str;
-use airlock_tests::{airlock_bin, sandbox_available};
+use airlock_tests::sandbox_available;
 
 fn run(profile: &Arc<airlock_policy::CompiledProfile>, script: &str) -> SandboxRun {
     SandboxRun {
@@ -37,21 +37,11 @@ async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
     .unwrap()
     .policy;
     let profile = Arc::clone(&policy.profiles["default"]);
-    let cold = Supervisor::start(SupervisorOptions {
-        worker_program: Some((airlock_bin(), Vec::new())),
-        ..Default::default()
-    })
-    .unwrap();
+    let cold = airlock_tests::supervisor();
     let cold_result = cold.run(run(&profile, INSIDE), None).await;
     assert!(cold_result.ok, "{cold_result:?}");
 
-    let pooled = Arc::new(
-        Supervisor::start(SupervisorOptions {
-            worker_program: Some((airlock_bin(), Vec::new())),
-            ..Default::default()
-        })
-        .unwrap(),
-    );
+    let pooled = Arc::new(airlock_tests::supervisor());
     pooled.keep_warm(Arc::clone(&profile), 2);
     let deadline = Instant::now() + Duration::from_secs(20);
     while pooled.pool_stats().idle < 2 {
@@ -112,11 +102,7 @@ limits = { memory = "96MiB", pids = 64, timeout = "20s" }
     .unwrap()
     .policy;
     let profile = Arc::clone(&policy.profiles["default"]);
-    let supervisor = Supervisor::start(SupervisorOptions {
-        worker_program: Some((airlock_bin(), Vec::new())),
-        ..Default::default()
-    })
-    .unwrap();
+    let supervisor = airlock_tests::supervisor();
     // Each call's cgroup is released (recycled or removed) after its answer.
     let settled = || async {
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -10,11 +10,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock::{CancelSignal, ErrorKind, SandboxRun, Supervisor, SupervisorOptions};
+use airlock::{CancelSignal, ErrorKind, SandboxRun, Supervisor};
 use airlock_policy::{CompiledProfile, load_policy_str};
 use airlock_tests::{
-    airlock_bin, our_cgroup_dirs, our_children, sandbox_available, supervisor_with_hostile_worker,
-    test_policy,
+    our_cgroup_dirs, our_children, sandbox_available, supervisor_with_hostile_worker, test_policy,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -164,11 +163,7 @@ async fn every_call_of_a_faulty_soak_gets_one_result_and_nothing_is_left_behind(
     let text = test_policy(&[&probe], "memory = \"32MiB\", pids = 16", "none");
     let policy = load_policy_str(&text, "soak").unwrap();
     let rig = Arc::new(Rig {
-        real: Supervisor::start(SupervisorOptions {
-            worker_program: Some((airlock_bin(), Vec::new())),
-            ..Default::default()
-        })
-        .unwrap(),
+        real: airlock_tests::supervisor(),
         crash: supervisor_with_hostile_worker("crash"),
         garbage: supervisor_with_hostile_worker("garbage"),
         early_exit: supervisor_with_hostile_worker("early-exit"),
