@@ -784,6 +784,10 @@ pub struct CgroupRecycler {
     closed: std::sync::atomic::AtomicBool,
     /// Cgroups handed out again so far.
     reused: std::sync::atomic::AtomicU64,
+    /// A peak counter could not be reset (cgroup v2 before Linux 6.12): from then on nothing
+    /// is kept or handed out, so each worker does not pay a failed reset and an rmdir on
+    /// its spawn path.
+    reset_unsupported: std::sync::atomic::AtomicBool,
 }
 
 impl CgroupRecycler {
@@ -800,7 +804,12 @@ impl CgroupRecycler {
             return cgroup.remove();
         }
         let mut spares = self.lock();
-        if spares.len() >= SPARE_CGROUPS || self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+        if spares.len() >= SPARE_CGROUPS
+            || self.closed.load(std::sync::atomic::Ordering::SeqCst)
+            || self
+                .reset_unsupported
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
             drop(spares);
             return cgroup.remove();
         }
@@ -809,9 +818,13 @@ impl CgroupRecycler {
     }
 
     /// A kept cgroup with exactly `limits` (and no CPU quota), its peak counter reset; or
-    /// `None`. A cgroup that cannot be reset is removed.
+    /// `None`. A cgroup that cannot be reset is removed, and no cgroup is reused after it.
     pub fn take(&self, limits: &CgroupLimits) -> Option<WorkerCgroup> {
-        if limits.cpu_quota.is_some() {
+        if limits.cpu_quota.is_some()
+            || self
+                .reset_unsupported
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
             return None;
         }
         let mut cgroup = {
@@ -826,7 +839,9 @@ impl CgroupRecycler {
                 Some(cgroup)
             }
             Err(error) => {
-                tracing::debug!(%error, "worker cgroup not reusable; removing it");
+                tracing::debug!(%error, "worker cgroups cannot be reset for reuse here");
+                self.reset_unsupported
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 let _ = cgroup.remove();
                 None
             }
@@ -2443,5 +2458,32 @@ mod tests {
         recycler.recycle_or_remove(b).unwrap();
         assert!(recycler.is_empty());
         assert!(paths.iter().all(|p| !p.exists()));
+    }
+
+    #[test]
+    fn once_a_peak_counter_cannot_be_reset_no_cgroup_is_kept_or_reused() {
+        let tree = v2_tree();
+        let parent = detect_fake(
+            &tree,
+            &format!("0::{V2_OWN}\n"),
+            V2_MOUNTINFO,
+            populate_like_kernel,
+        )
+        .unwrap();
+        let recycler = CgroupRecycler::default();
+        let first = parent.create_worker_cgroup("a", &no_quota()).unwrap();
+        let first_dir = first.dirs[0].1.clone();
+        recycler.recycle_or_remove(first).unwrap();
+        assert_eq!(recycler.len(), 1);
+        // Like memory.peak before Linux 6.12: it cannot be opened for writing.
+        fs::remove_file(first_dir.join("memory.peak")).unwrap();
+        fs::create_dir(first_dir.join("memory.peak")).unwrap();
+        assert!(recycler.take(&no_quota()).is_none());
+        assert_eq!((recycler.len(), recycler.reused()), (0, 0));
+        let second = parent.create_worker_cgroup("b", &no_quota()).unwrap();
+        let second_dir = second.dirs[0].1.clone();
+        recycler.recycle_or_remove(second).unwrap();
+        assert!(recycler.is_empty(), "kept after a failed reset");
+        assert!(!second_dir.exists(), "removed instead");
     }
 }

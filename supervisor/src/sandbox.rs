@@ -228,8 +228,8 @@ enum Conversation {
 struct WorkerLease {
     pidfd: Option<OwnedFd>,
     cgroup: Option<WorkerCgroup>,
-    /// Where the cgroup goes once the worker is reaped, if it may serve another worker.
-    recycler: Option<Arc<CgroupRecycler>>,
+    /// Where the cgroup goes once the worker is reaped (it decides whether to keep it).
+    recycler: Arc<CgroupRecycler>,
 }
 
 impl WorkerLease {
@@ -266,13 +266,12 @@ impl WorkerLease {
             crate::spawn::clean_up_in_background(Some(pidfd), move || remove_cgroup(cgroup));
             return;
         }
-        match (self.cgroup.take(), &self.recycler) {
-            (Some(cgroup), Some(recycler)) => {
-                if let Err(e) = recycler.recycle_or_remove(cgroup) {
-                    tracing::warn!(error = %error_chain(&e), "cgroup left behind");
-                }
-            }
-            (cgroup, _) => remove_cgroup(cgroup),
+        if let Some(Err(e)) = self
+            .cgroup
+            .take()
+            .map(|cgroup| self.recycler.recycle_or_remove(cgroup))
+        {
+            tracing::warn!(error = %error_chain(&e), "cgroup left behind");
         }
     }
 }
@@ -662,7 +661,7 @@ impl Supervisor {
         let mut lease = WorkerLease {
             pidfd: None,
             cgroup,
-            recycler: (!self.closing.is_cancelled()).then(|| Arc::clone(&self.cgroup_spares)),
+            recycler: Arc::clone(&self.cgroup_spares),
         };
         let stdio = match inherit_stdio {
             Some(fds) => {
