@@ -169,6 +169,43 @@ fn tools_start_with_no_signal_blocked_or_ignored() {
 }
 
 #[test]
+fn tools_have_no_controlling_terminal_and_cannot_acquire_one() {
+    if !sandbox_available() {
+        return;
+    }
+    // /proc/<pid>/stat fields 1, 6 and 7: the pid, its session and its terminal. The tool
+    // (the shell) runs in the worker's session, which has no terminal, and is not its
+    // leader: only a session leader acquires a terminal by opening one.
+    let result = sh("cut -d' ' -f1,6,7 /proc/$$/stat");
+    assert_eq!(result["ok"], true, "{result}");
+    let out = stdout_of(&result);
+    let fields: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(fields.len(), 3, "{out}");
+    assert_eq!(
+        fields[1], "1",
+        "the worker (PID 1) leads the tool's session: {out}"
+    );
+    assert_ne!(fields[0], fields[1], "the tool leads no session: {out}");
+    assert_eq!(fields[2], "0", "no controlling terminal: {out}");
+}
+
+#[test]
+fn a_missing_executable_fails_the_call_with_its_errno() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = exec_json(None, &[], &["/usr/bin/airlock-no-such-tool"]);
+    assert_eq!(result["ok"], false, "{result}");
+    assert_eq!(result["error"]["kind"], "tool_failed", "{result}");
+    let message = result["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cannot execute /usr/bin/airlock-no-such-tool")
+            && message.contains("No such file or directory"),
+        "{result}"
+    );
+}
+
+#[test]
 fn hostname_is_the_sandboxes() {
     if !sandbox_available() {
         return;

@@ -27,6 +27,16 @@ fn field<'a>(input: &'a Value, name: &str) -> Result<&'a str, String> {
         .ok_or_else(|| format!("missing string field {name:?}"))
 }
 
+/// Every file a built-in opens is opened with O_NOCTTY: built-ins run in the worker, which
+/// leads its session, and a session leader opening a terminal would make it the controlling
+/// terminal of that session, and so of every tool after.
+fn open_options() -> fs::OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = fs::OpenOptions::new();
+    options.custom_flags(libc::O_NOCTTY);
+    options
+}
+
 fn read_file(input: &Value, out: &mut dyn Write) -> Result<(), String> {
     let path = field(input, "path")?;
     let offset = input.get("offset").and_then(Value::as_u64).unwrap_or(0);
@@ -34,7 +44,10 @@ fn read_file(input: &Value, out: &mut dyn Write) -> Result<(), String> {
         .get("max_bytes")
         .and_then(Value::as_u64)
         .unwrap_or(1 << 20);
-    let mut file = fs::File::open(path).map_err(|e| format!("cannot open {path}: {e}"))?;
+    let mut file = open_options()
+        .read(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {path}: {e}"))?;
     file.seek(SeekFrom::Start(offset))
         .map_err(|e| format!("cannot seek {path}: {e}"))?;
     let mut buffer = Vec::new();
@@ -51,7 +64,7 @@ fn write_file(input: &Value, out: &mut dyn Write) -> Result<(), String> {
         .get("append")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let mut file = fs::OpenOptions::new()
+    let mut file = open_options()
         .create(true)
         .write(true)
         .append(append)
@@ -94,7 +107,12 @@ fn edit(input: &Value, out: &mut dyn Write) -> Result<(), String> {
     let path = field(input, "path")?;
     let old = field(input, "old_text")?;
     let new = field(input, "new_text")?;
-    let text = fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut text = String::new();
+    open_options()
+        .read(true)
+        .open(path)
+        .and_then(|mut file| file.read_to_string(&mut text))
+        .map_err(|e| format!("cannot read {path}: {e}"))?;
     match text.matches(old).count() {
         0 => return Err(format!("old_text not found in {path}")),
         1 => {}
@@ -105,7 +123,12 @@ fn edit(input: &Value, out: &mut dyn Write) -> Result<(), String> {
         }
     }
     let updated = text.replacen(old, new, 1);
-    fs::write(path, updated).map_err(|e| format!("cannot write {path}: {e}"))?;
+    open_options()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(updated.as_bytes()))
+        .map_err(|e| format!("cannot write {path}: {e}"))?;
     writeln!(out, "{}", json!({"path": path, "replaced": 1})).map_err(|e| e.to_string())
 }
 

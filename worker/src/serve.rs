@@ -10,6 +10,7 @@ use airlock_protocol::{
 
 use crate::confine::{StepTimings, confine_worker};
 use crate::run::run_tool;
+use crate::sys::ChildStack;
 
 /// Exit codes of the worker process itself (the tool's status travels in `Exited`).
 pub mod exit_code {
@@ -55,8 +56,8 @@ fn receive(stream: &mut UnixStream) -> Option<SupervisorMessage> {
 /// rehearses: a cold worker's call follows its `Ready` within a fraction of a millisecond,
 /// so the worker first waits that long, and stops between steps as soon as a call is
 /// waiting. Reads only, into buffers that are dropped: nothing of it reaches the tool or
-/// the supervisor.
-fn rehearse_while_idle(stream: &UnixStream) {
+/// the supervisor. It also makes the tool's stack (`stack`), its pages faulted in.
+fn rehearse_while_idle(stream: &UnixStream, stack: &mut Option<ChildStack>) {
     use std::os::fd::AsRawFd;
     let idle_for = |timeout_ms: i32| {
         let mut fds = [libc::pollfd {
@@ -70,6 +71,8 @@ fn rehearse_while_idle(stream: &UnixStream) {
         return;
     }
     let idle = || idle_for(0);
+    // The tool's stack, its pages faulted in now rather than during the call.
+    *stack = Some(ChildStack::new());
     for (name, arguments) in [
         (
             "read_file",
@@ -137,13 +140,14 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
         _ => return exit_code::PROTOCOL,
     };
     let mut timings = StepTimings::default();
+    let mut stack = None;
     match confine_worker(&spec, fd, &mut timings) {
         Ok(applied) => {
             let steps = format!("confinement steps: {}", timings.summary());
             if !send_after_log(&mut stream, steps, &WorkerMessage::Ready(applied)) {
                 return exit_code::PROTOCOL;
             }
-            rehearse_while_idle(&stream);
+            rehearse_while_idle(&stream, &mut stack);
         }
         Err(error) => {
             let _ = send(&mut stream, &WorkerMessage::SetupFailed(error.into()));
@@ -154,7 +158,7 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
         match receive(&mut stream) {
             Some(SupervisorMessage::Run(request)) => {
                 let mut timings = StepTimings::default();
-                let report = run_tool(&spec, &request, &mut timings);
+                let report = run_tool(&spec, &request, &mut stack, &mut timings);
                 let steps = format!("run steps: {}", timings.summary());
                 if !send_after_log(&mut stream, steps, &report) {
                     return exit_code::PROTOCOL;
