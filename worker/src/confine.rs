@@ -175,8 +175,10 @@ pub fn confine_worker(
     // 8. Capabilities: all sets emptied, bounding first (dropping it needs CAP_SETPCAP,
     //    which the later steps remove). An empty bounding set also means exec'ing as uid 0
     //    gains nothing.
+    sys::drop_bounding_set().map_err(|e| {
+        ConfineError::at("capabilities", format!("clear Bounding: {e}"), io_errno(&e))
+    })?;
     for set in [
-        CapSet::Bounding,
         CapSet::Ambient,
         CapSet::Inheritable,
         CapSet::Effective,
@@ -292,14 +294,15 @@ pub fn confine_worker(
 /// Closes every descriptor but stdio and `keep_fd`.
 fn close_inherited_descriptors(keep_fd: RawFd) -> Result<(), ConfineError> {
     let fail = |e: std::io::Error| ConfineError::at("descriptors", &e, e.raw_os_error());
-    // The socket was placed at fd 3 by the supervisor's child set-up; close everything
-    // above it, then everything between stdio and it if it sits higher.
+    // The socket keeps the number it had in the supervisor; close everything above it,
+    // then everything between stdio and it.
     let keep = u32::try_from(keep_fd)
         .map_err(|_| ConfineError::at("descriptors", "negative socket fd", None))?;
     sys::close_descriptors_from(keep + 1).map_err(fail)?;
-    for fd in 3..keep_fd {
-        // EBADF for descriptors that were never open is fine.
-        let _ = nix::unistd::close(fd);
+    if keep > 3 {
+        // One close_range, not a close per number (34 of them, nearly all EBADF, for a
+        // socket at fd 37).
+        sys::close_descriptor_range(3, keep - 1).map_err(fail)?;
     }
     Ok(())
 }

@@ -6,9 +6,11 @@
 
 use airlock_protocol::{LandlockSpec, Requirement};
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
+use nix::fcntl::{AT_FDCWD, OFlag, openat};
+use nix::sys::stat::{Mode, SFlag, fstat};
 
 use crate::sys;
 
@@ -94,12 +96,25 @@ pub fn apply_landlock_to_current_process(
     ] {
         for path in paths {
             // Optional binds that were absent on the host have no mount point here.
-            let Ok(fd) = PathFd::new(path) else { continue };
+            // openat, not the `landlock` crate's `PathFd` (std's open, which musl follows
+            // with an fcntl), and the kind from the descriptor, not a second walk of the
+            // path: two syscalls less per rule.
+            let Ok(fd) = openat(
+                AT_FDCWD,
+                path.as_str(),
+                OFlag::O_PATH | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
             // Files (not directories) only accept file rights.
-            let access = if std::fs::metadata(path).is_ok_and(|m| !m.is_dir()) {
-                access & AccessFs::from_file(abi)
-            } else {
+            let is_dir = fstat(&fd).is_ok_and(|st| {
+                SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR
+            });
+            let access = if is_dir {
                 access
+            } else {
+                access & AccessFs::from_file(abi)
             };
             created = created.add_rule(PathBeneath::new(fd, access))?;
         }
