@@ -1,7 +1,8 @@
 //! Runs one tool process inside the confined worker and collects what it did.
 //!
-//! The worker is PID 1: it forks the tool into a new session (no controlling terminal, so
-//! no TIOCSTI even when stdio is the caller's terminal), feeds stdin, drains stdout and
+//! The worker is PID 1 and leads a session with no controlling terminal (a confinement
+//! step): it starts the tool in that session (so no TIOCSTI even when stdio is the
+//! caller's terminal, and no terminal to acquire), feeds stdin, drains stdout and
 //! stderr into bounded buffers (reading past the limit and discarding, so a flooding tool
 //! never blocks), reaps every orphan that reparents to it, and when the tool exits kills
 //! whatever the tool left behind.
@@ -156,8 +157,8 @@ fn read_into(fd: &OwnedFd, capture: &mut Capture, limit: usize) -> bool {
     }
 }
 
-/// Runs the request and returns the message to send back.
-/// `stack` is the child's stack, made now if the worker did not make it while idle.
+/// Runs the request and returns the message to send back. `stack` is the tool's stack,
+/// made now if the worker did not make it while idle.
 pub fn run_tool(
     spec: &SandboxSpec,
     request: &RunRequest,
