@@ -439,10 +439,13 @@ impl SliceTotals {
     }
 }
 
-/// Waits until the supervisor is quiet: its pool full again and no worker being reaped.
-async fn settle(pooled: &Supervisor, pool: usize) {
+/// Waits until the supervisors are quiet: `pooled`'s pool holds `pool` idle workers again
+/// and no supervisor (`pooled` and `others`) has a call in flight or a worker being reaped.
+async fn settle(pooled: &Supervisor, pool: usize, others: &[Arc<Supervisor>]) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while (pooled.pool_stats().idle < pool || pooled.calls_in_flight() > 0)
+    while (pooled.pool_stats().idle < pool
+        || pooled.calls_in_flight() > 0
+        || others.iter().any(|s| s.calls_in_flight() > 0))
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -510,18 +513,9 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         // the pooled calls, 1.16–1.20× with a cold call before each warm one). Throughput
         // below measures the loaded case.
         let quiet = |n: usize| {
-            let supervisors = [Arc::clone(&cold), Arc::clone(&cold_own_net)];
+            let others = [Arc::clone(&cold), Arc::clone(&cold_own_net)];
             let pooled = Arc::clone(&pooled);
-            async move {
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while (pooled.pool_stats().idle < n
-                    || pooled.calls_in_flight() > 0
-                    || supervisors.iter().any(|s| s.calls_in_flight() > 0))
-                    && Instant::now() < deadline
-                {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
-            }
+            async move { settle(&pooled, n, &others).await }
         };
         quiet(2).await;
 
@@ -670,11 +664,11 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 let bwrap_first = slice % 2 == 1;
                 let mut bwrap_rate = None;
                 if let (Some(b), true) = (&bwrap, bwrap_first) {
-                    settle(&pooled, args.throughput_pool).await;
+                    settle(&pooled, args.throughput_pool, &[]).await;
                     bwrap_rate =
                         Some(bwrap_totals.add(bwrap_throughput(b, clients, slice_seconds)));
                 }
-                settle(&pooled, args.throughput_pool).await;
+                settle(&pooled, args.throughput_pool, &[]).await;
                 let before = pooled.pool_stats();
                 let (calls, seconds) = throughput(&gate, clients, slice_seconds).await;
                 let after = pooled.pool_stats();
@@ -689,7 +683,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 airlock.cgroups_reused +=
                     after.cgroups_reused.saturating_sub(before.cgroups_reused);
                 if let (Some(b), false) = (&bwrap, bwrap_first) {
-                    settle(&pooled, args.throughput_pool).await;
+                    settle(&pooled, args.throughput_pool, &[]).await;
                     bwrap_rate =
                         Some(bwrap_totals.add(bwrap_throughput(b, clients, slice_seconds)));
                 }

@@ -10,7 +10,9 @@ use landlock::{
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
-use nix::sys::stat::{Mode, SFlag, fstat};
+use nix::sys::stat::{Mode, SFlag};
+
+use crate::paths::identify;
 
 use crate::sys;
 
@@ -108,9 +110,7 @@ pub fn apply_landlock_to_current_process(
                 continue;
             };
             // Files (not directories) only accept file rights.
-            let is_dir = fstat(&fd).is_ok_and(|st| {
-                SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR
-            });
+            let is_dir = identify(&fd).is_ok_and(|(_, kind)| kind == SFlag::S_IFDIR);
             let access = if is_dir {
                 access
             } else {

@@ -310,7 +310,7 @@ fn run_tool_inner(
             stdout_read.as_raw_fd(),
             stderr_read.as_raw_fd(),
         ] {
-            sys::set_nonblocking(fd).map_err(os_error("nonblocking"))?;
+            sys::set_fresh_pipe_nonblocking(fd).map_err(os_error("nonblocking"))?;
         }
         let mut stdin_write = Some(stdin_write);
         let mut written = 0usize;

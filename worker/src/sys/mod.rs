@@ -193,16 +193,13 @@ pub fn attach_mount(mount: &OwnedFd, point: &OwnedFd) -> io::Result<()> {
 
 /// Closes every descriptor from `first` upwards.
 pub fn close_descriptors_from(first: u32) -> io::Result<()> {
-    // SAFETY: close_range only closes descriptors; the worker owns every fd in the range
-    // and holds no Rust object wrapping them (the protocol socket is below `first` or moved).
-    let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32) };
-    check(ret).map(drop)
+    close_descriptor_range(first, u32::MAX)
 }
 
 /// Closes the descriptors `first..=last`.
 pub fn close_descriptor_range(first: u32, last: u32) -> io::Result<()> {
-    // SAFETY: as for close_descriptors_from: the caller owns every fd in the range and no
-    // Rust object wraps one of them.
+    // SAFETY: close_range only closes descriptors; the worker owns every fd in the range
+    // and holds no Rust object wrapping one of them (the protocol socket is outside it).
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
     check(ret).map(drop)
 }
@@ -475,7 +472,7 @@ pub fn poll_descriptors(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result
 
 /// Marks a freshly made pipe end non-blocking. Its only status flag is its access mode,
 /// which F_SETFL ignores, so no F_GETFL is needed to keep the others.
-pub fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+pub fn set_fresh_pipe_nonblocking(fd: RawFd) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor number only changes its status flags.
     check_int(unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK) }).map(drop)
 }
