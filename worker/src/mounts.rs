@@ -27,6 +27,7 @@ use nix::unistd::{chdir, pivot_root, symlinkat};
 
 use crate::paths::{
     Entry, FD_DIR, FileId, PathError, Tree, duplicate, fd_name, identify, make_dir,
+    open_nofollow_non_directory,
 };
 
 /// Why the root filesystem could not be built.
@@ -173,13 +174,20 @@ fn open_devices(host: &Tree, plan: &[MountOp]) -> Result<Vec<(OwnedFd, FileId)>,
     if !plan.iter().any(|op| matches!(op, MountOp::Dev { .. })) {
         return Ok(Vec::new());
     }
+    // The host's /dev once, then each device in it: neither a directory nor a symlink
+    // (never followed) is accepted as one.
+    let dev = host
+        .parent_of("/dev/null", None)?
+        .ok_or_else(|| MountError::MissingSource("/dev".into()))?;
     DEVICES
         .iter()
         .map(|name| {
             let path = format!("/dev/{name}");
-            match open_source(host, &path, false)? {
-                Source::Node { fd, dir: false, id } => Ok((fd, id)),
-                _ => Err(sys("open", &path)(Errno::ENODEV)),
+            let fd = open_nofollow_non_directory(&dev.parent, OsStr::new(name))
+                .map_err(sys("open", &path))?;
+            match identify(&fd).map_err(sys("stat", &path))? {
+                (_, SFlag::S_IFDIR | SFlag::S_IFLNK) => Err(sys("open", &path)(Errno::ENODEV)),
+                (id, _) => Ok((fd, id)),
             }
         })
         .collect()
@@ -256,8 +264,11 @@ impl MountPoint {
             Ok(()) | Err(Errno::EEXIST) => {}
             Err(e) => return Err(sys("create mount point", path)(e)),
         }
-        let fd = entry
-            .open()
+        let opened = match point {
+            Point::Dir(_) => entry.open(),
+            Point::File => entry.open_non_directory(),
+        };
+        let fd = opened
             .map_err(sys("open mount point", path))?
             .ok_or_else(|| sys("open mount point", path)(Errno::ENOENT))?;
         let (_, kind) = identify(&fd).map_err(sys("stat", path))?;
@@ -450,7 +461,10 @@ fn mount_tmpfs(
     )
 }
 
-/// A minimal /dev: a small read-only tmpfs holding binds of the five harmless devices.
+/// A minimal /dev: a directory of the new root holding binds of the five harmless devices
+/// and the stdio links. Not a tmpfs of its own (it was): the directory becomes read-only
+/// with the root, each device bind carries its own nosuid,noexec, and nothing else in it
+/// is executable. One superblock fewer to make and to tear down at every worker's end.
 fn build_dev(
     binder: &Binder,
     tree: &Tree,
@@ -459,9 +473,7 @@ fn build_dev(
 ) -> Result<(), MountError> {
     let point = MountPoint::make(tree, target, Point::Dir(0o755))?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
-    mount_tmpfs(&point, 64 << 10, 0o755, flags)?;
-    let top = point.mounted()?;
-    let dev = duplicate(&top)
+    let dev = duplicate(&point.fd)
         .and_then(|root| Tree::new(root, Vec::new()))
         .map_err(sys("open", target))?;
     for (name, (fd, id)) in DEVICES.iter().zip(devices) {
@@ -474,9 +486,9 @@ fn build_dev(
         ("/proc/self/fd/1", "stdout"),
         ("/proc/self/fd/2", "stderr"),
     ] {
-        symlinkat(link, &top, name).map_err(sys("symlink", target))?;
+        symlinkat(link, &point.fd, name).map_err(sys("symlink", target))?;
     }
-    point.remount(&top, MsFlags::MS_RDONLY | flags)
+    Ok(())
 }
 
 /// Makes the symlink `path` in the new root (its directory must not be reached through a
@@ -582,7 +594,7 @@ pub fn build_root_filesystem_binding_by(
     chdir(FD_DIR).map_err(sys("chdir", FD_DIR))?;
     let root_point = MountPoint {
         entry: Entry {
-            parent: open_dir("/")?,
+            parent: open_dir("/")?.into(),
             name: OsString::from(NEW_ROOT.trim_start_matches('/')),
             tainted: Some(false),
         },

@@ -18,6 +18,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+use std::rc::Rc;
 
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat, openat2, readlinkat};
@@ -103,6 +104,18 @@ fn open_nofollow(dir: &OwnedFd, name: &OsStr) -> nix::Result<OwnedFd> {
     }
 }
 
+/// Opens `name` in `dir` without following it, for a name that should not be a directory
+/// (a device, a file mount point just made): one lookup, with no directory asked for
+/// first. A directory is still opened, `O_PATH` (so no automount), for the caller to refuse.
+pub fn open_nofollow_non_directory(dir: &OwnedFd, name: &OsStr) -> nix::Result<OwnedFd> {
+    openat(
+        dir,
+        name,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+}
+
 /// Creates the directory `name` in `dir` unless something of that name exists already.
 pub fn make_dir(dir: &OwnedFd, name: &OsStr, mode: u32) -> nix::Result<()> {
     match mkdirat(dir, name, Mode::from_bits_truncate(mode)) {
@@ -127,7 +140,7 @@ fn components(path: &OsStr) -> impl Iterator<Item = OsString> + '_ {
 #[derive(Debug)]
 pub struct Entry {
     /// The directory, opened `O_PATH`.
-    pub parent: OwnedFd,
+    pub parent: Rc<OwnedFd>,
     /// The name in it.
     pub name: OsString,
     /// Whether the walk passed through a writable bind to get here; `None` when a single
@@ -138,11 +151,21 @@ pub struct Entry {
 impl Entry {
     /// Opens the entry itself without following it, `None` when it does not exist.
     pub fn open(&self) -> Result<Option<OwnedFd>, nix::Error> {
-        match open_nofollow(&self.parent, &self.name) {
-            Ok(fd) => Ok(Some(fd)),
-            Err(Errno::ENOENT) => Ok(None),
-            Err(e) => Err(e),
-        }
+        found(open_nofollow(&self.parent, &self.name))
+    }
+
+    /// [`Entry::open`] for an entry that should not be a directory
+    /// ([`open_nofollow_non_directory`]).
+    pub fn open_non_directory(&self) -> Result<Option<OwnedFd>, nix::Error> {
+        found(open_nofollow_non_directory(&self.parent, &self.name))
+    }
+}
+
+fn found(opened: nix::Result<OwnedFd>) -> Result<Option<OwnedFd>, nix::Error> {
+    match opened {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -150,7 +173,8 @@ impl Entry {
 /// bind sources, the new root for mount points.
 #[derive(Debug)]
 pub struct Tree {
-    root: OwnedFd,
+    /// Shared with the entries found directly in it: no descriptor copy per lookup.
+    root: Rc<OwnedFd>,
     root_id: FileId,
     writable: Vec<FileId>,
 }
@@ -161,7 +185,7 @@ impl Tree {
     pub fn new(root: OwnedFd, writable: Vec<FileId>) -> nix::Result<Self> {
         let (root_id, _) = identify(&root)?;
         Ok(Self {
-            root,
+            root: Rc::new(root),
             root_id,
             writable,
         })
@@ -196,13 +220,15 @@ impl Tree {
         };
         if name != ".." && !dirs.iter().any(|d| d == "..") {
             let parent = if dirs.is_empty() {
-                duplicate(&self.root).ok()
+                Some(Rc::clone(&self.root))
             } else {
                 let relative = dirs.join(OsStr::new("/"));
                 let how = OpenHow::new()
                     .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
                     .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_BENEATH);
-                openat2(&self.root, relative.as_os_str(), how).ok()
+                openat2(&*self.root, relative.as_os_str(), how)
+                    .ok()
+                    .map(Rc::new)
             };
             if let Some(parent) = parent {
                 let tainted = if dirs.is_empty() {
@@ -242,7 +268,7 @@ impl Tree {
         if name == ".." {
             return Err(lookup(Errno::EINVAL));
         }
-        let mut dir = duplicate(&self.root).map_err(lookup)?;
+        let mut dir = Rc::clone(&self.root);
         let mut tainted = self.writable.contains(&self.root_id);
         let mut walked = PathBuf::from("/");
         let mut links = 0;
@@ -251,13 +277,15 @@ impl Tree {
                 // Only from a link text (policy paths have no `..`); never above the root.
                 let (id, _) = identify(&dir).map_err(lookup)?;
                 if id != self.root_id {
-                    dir = openat(
-                        &dir,
-                        "..",
-                        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(lookup)?;
+                    dir = Rc::new(
+                        openat(
+                            &dir,
+                            "..",
+                            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                            Mode::empty(),
+                        )
+                        .map_err(lookup)?,
+                    );
                 }
                 walked.pop();
                 continue;
@@ -288,7 +316,7 @@ impl Tree {
                 }
                 let text = readlinkat(&next, "").map_err(lookup)?;
                 if text.as_bytes().starts_with(b"/") {
-                    dir = duplicate(&self.root).map_err(lookup)?;
+                    dir = Rc::clone(&self.root);
                     walked = PathBuf::from("/");
                 } else {
                     walked.pop();
@@ -302,7 +330,7 @@ impl Tree {
                 return Err(lookup(Errno::ENOTDIR));
             }
             tainted |= self.writable.contains(&id);
-            dir = next;
+            dir = Rc::new(next);
         }
         let (id, _) = identify(&dir).map_err(lookup)?;
         Ok(Some(Entry {
