@@ -5,7 +5,7 @@
 //! memory) and the wait status of the worker; the worker only reports what the tool
 //! printed and how it exited.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -80,6 +80,10 @@ pub struct Supervisor {
     pool_keys: PoolKeys,
     /// Empty worker cgroups kept for the next workers.
     cgroup_spares: Arc<CgroupRecycler>,
+    /// /dev/null, opened once: a worker's stdio when the caller gives none is copies of it
+    /// (a dup instead of a path walk and a device open, three times per worker). `None`
+    /// when it could not be opened at start; each worker then tries to open its own.
+    null: Option<OwnedFd>,
 }
 
 /// A confined worker waiting for its one call.
@@ -377,6 +381,7 @@ impl Supervisor {
             pool: Pool::default(),
             pool_keys: PoolKeys::default(),
             cgroup_spares: Arc::default(),
+            null: open_null().ok(),
         })
     }
 
@@ -664,15 +669,19 @@ impl Supervisor {
             recycler: Arc::clone(&self.cgroup_spares),
         };
         let stdio = match inherit_stdio {
-            Some(fds) => {
-                let dup = |fd: &OwnedFd| fd.as_fd().try_clone_to_owned();
-                [dup(&fds[0]), dup(&fds[1]), dup(&fds[2])]
-            }
-            None => [open_null(), open_null(), open_null()],
+            Some([a, b, c]) => a
+                .try_clone()
+                .and_then(|a| Ok([a, b.try_clone()?, c.try_clone()?])),
+            None => match &self.null {
+                Some(null) => null
+                    .try_clone()
+                    .and_then(|a| Ok([a, null.try_clone()?, null.try_clone()?])),
+                None => open_null().and_then(|a| Ok([a, open_null()?, open_null()?])),
+            },
         };
         let stdio = match stdio {
-            [Ok(a), Ok(b), Ok(c)] => [a, b, c],
-            _ => {
+            Ok(fds) => fds,
+            Err(_) => {
                 return Err(PrepareError::Rejected(unavailable(
                     "stdio",
                     "cannot prepare the worker's stdio".into(),
