@@ -55,6 +55,13 @@ impl WorkerChannel {
         Ok(())
     }
 
+    /// Sends frames encoded before (whole frames, as [`encode_frame`] makes
+    /// them), in one write.
+    pub async fn send_encoded(&mut self, frames: &[u8]) -> Result<(), ChannelError> {
+        self.stream.write_all(frames).await?;
+        Ok(())
+    }
+
     /// Receives the next message that is not a log record (logs go to tracing, bounded).
     pub async fn receive(&mut self) -> Result<WorkerMessage, ChannelError> {
         loop {
