@@ -378,6 +378,12 @@ fn remove_stale_worker_cgroups(parent: &CgroupParent) {
     }
 }
 
+/// A new descriptor of each of `fds`.
+fn copies(fds: [&OwnedFd; 3]) -> std::io::Result<[OwnedFd; 3]> {
+    let [a, b, c] = fds;
+    Ok([a.try_clone()?, b.try_clone()?, c.try_clone()?])
+}
+
 fn open_null() -> std::io::Result<OwnedFd> {
     std::fs::OpenOptions::new()
         .read(true)
@@ -716,16 +722,10 @@ impl Supervisor {
             cgroup,
             recycler: Arc::clone(&self.cgroup_spares),
         };
-        let stdio = match inherit_stdio {
-            Some([a, b, c]) => a
-                .try_clone()
-                .and_then(|a| Ok([a, b.try_clone()?, c.try_clone()?])),
-            None => match &self.null {
-                Some(null) => null
-                    .try_clone()
-                    .and_then(|a| Ok([a, null.try_clone()?, null.try_clone()?])),
-                None => open_null().and_then(|a| Ok([a, open_null()?, open_null()?])),
-            },
+        let stdio = match (inherit_stdio, &self.null) {
+            (Some([a, b, c]), _) => copies([a, b, c]),
+            (None, Some(null)) => copies([null; 3]),
+            (None, None) => open_null().and_then(|a| Ok([a, open_null()?, open_null()?])),
         };
         let stdio = match stdio {
             Ok(fds) => fds,

@@ -13,7 +13,6 @@ use nix::fcntl::{AT_FDCWD, OFlag, openat};
 use nix::sys::stat::{Mode, SFlag};
 
 use crate::paths::identify;
-
 use crate::sys;
 
 /// Why Landlock could not be applied as required.

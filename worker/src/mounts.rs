@@ -472,14 +472,6 @@ fn build_dev(
     target: &str,
 ) -> Result<(), MountError> {
     let point = MountPoint::make(tree, target, Point::Dir(0o755))?;
-    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
-    let dev = duplicate(&point.fd)
-        .and_then(|root| Tree::new(root, Vec::new()))
-        .map_err(sys("open", target))?;
-    for (name, (fd, id)) in DEVICES.iter().zip(devices) {
-        let node = MountPoint::make(&dev, name, Point::File)?;
-        binder.bind(fd, *id, &node, true, flags)?;
-    }
     for (link, name) in [
         ("/proc/self/fd", "fd"),
         ("/proc/self/fd/0", "stdin"),
@@ -487,6 +479,12 @@ fn build_dev(
         ("/proc/self/fd/2", "stderr"),
     ] {
         symlinkat(link, &point.fd, name).map_err(sys("symlink", target))?;
+    }
+    let dev = Tree::new(point.fd, Vec::new()).map_err(sys("open", target))?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
+    for (name, (fd, id)) in DEVICES.iter().zip(devices) {
+        let node = MountPoint::make(&dev, name, Point::File)?;
+        binder.bind(fd, *id, &node, true, flags)?;
     }
     Ok(())
 }
