@@ -183,6 +183,7 @@ pub fn compile_profile(profile: &Profile) -> Result<CompiledProfile, CompileErro
         profile: profile.name.clone(),
         hostname: profile.hostname.clone(),
         mounts: plan_mounts(profile),
+        root: airlock_protocol::RootSource::Build,
         network: match profile.network {
             Network::None => NetworkMode::None,
             Network::Loopback => NetworkMode::Loopback,

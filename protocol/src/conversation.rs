@@ -204,6 +204,7 @@ mod tests {
             profile: "p".into(),
             hostname: "h".into(),
             mounts: vec![],
+            root: crate::spec::RootSource::Build,
             network: NetworkMode::None,
             rlimits: Rlimits {
                 open_files: 1,

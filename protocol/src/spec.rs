@@ -13,8 +13,11 @@ pub struct SandboxSpec {
     pub profile: String,
     /// Hostname set in the fresh UTS namespace.
     pub hostname: String,
-    /// Mount operations, applied in order on top of a fresh tmpfs root.
+    /// Mount operations, applied in order on top of a fresh tmpfs root (or, with
+    /// [`RootSource::Template`], the per-worker ones on top of the template's root).
     pub mounts: Vec<MountOp>,
+    /// Whether the worker builds its root or finds it already built.
+    pub root: RootSource,
     /// Network namespace set-up.
     pub network: NetworkMode,
     /// Resource limits applied with setrlimit.
@@ -27,6 +30,19 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     /// Working directory of tool processes, inside the sandbox.
     pub cwd: String,
+}
+
+/// Where a worker's root filesystem comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RootSource {
+    /// The worker builds it from the whole mount plan in a copy of the host's mount
+    /// namespace, then pivots into it.
+    #[default]
+    Build,
+    /// The worker was cloned from a mount namespace that already holds the profile's
+    /// read-only root (a template the supervisor built once); the plan holds only the
+    /// per-worker mounts (tmpfs and procfs) to make on top of it.
+    Template,
 }
 
 /// One step of the mount plan.
@@ -57,8 +73,8 @@ pub enum MountOp {
         /// Mount point inside the sandbox.
         target: String,
     },
-    /// A minimal `/dev`: a tmpfs holding bind-mounted null, zero, full, random, urandom
-    /// (and the `/dev/fd`, `/dev/std*` symlinks).
+    /// A minimal `/dev`: a directory of the read-only root holding bind-mounted null,
+    /// zero, full, random, urandom (and the `/dev/fd`, `/dev/std*` symlinks).
     Dev {
         /// Mount point inside the sandbox.
         target: String,

@@ -50,6 +50,7 @@ pub mod result;
 pub mod sandbox;
 pub mod spawn;
 mod sys;
+mod template;
 
 pub use backend::{Acknowledgement, Sandbox, UnsafeLocal};
 pub use call::ToolCall;

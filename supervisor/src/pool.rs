@@ -25,6 +25,11 @@ pub struct PoolStats {
     pub cgroups_reused: u64,
     /// Empty worker cgroups kept for reuse now.
     pub cgroups_kept: usize,
+    /// Root templates built (a profile's read-only root, built once for its pooled
+    /// workers; again when a source changed).
+    pub templates_built: u64,
+    /// Root templates ready now.
+    pub templates_ready: usize,
 }
 
 #[derive(Debug)]

@@ -23,6 +23,7 @@ use crate::pool::{Pool, PoolStats};
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
 use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawner, WorkerImage, WorkerNetwork};
 use crate::sys;
+use crate::template::{Lookup, RootTemplate, Templates, source_identities, split_plan};
 
 /// Why a supervisor could not start.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +87,9 @@ pub struct Supervisor {
     null: Option<OwnedFd>,
     /// Each profile's Hello and Setup frames, encoded once.
     setup_frames: SetupFrames,
+    /// Profiles' root templates, for their pooled workers.
+    templates: Templates,
+    templates_built: AtomicU64,
 }
 
 /// The Hello and Setup frames a profile's workers get, per network namespace kind,
@@ -118,19 +122,26 @@ impl SetupFrames {
         {
             return Ok(Arc::clone(frames));
         }
-        let mut frames = airlock_protocol::frame::encode_frame(&SupervisorMessage::Hello {
-            version: PROTOCOL_VERSION,
-        })?;
-        frames.extend(airlock_protocol::frame::encode_frame(
-            &SupervisorMessage::Setup(Box::new(spec_for(profile, network))),
-        )?);
-        let frames: Arc<[u8]> = frames.into();
+        let frames = encode_setup(spec_for(profile, network))?;
         if known.len() >= Self::MAX {
             known.clear();
         }
         known.push((Arc::clone(profile), network, Arc::clone(&frames)));
         Ok(frames)
     }
+}
+
+/// The Hello and Setup frames for a worker confined by `spec`, as one buffer.
+fn encode_setup(
+    spec: airlock_protocol::SandboxSpec,
+) -> Result<Arc<[u8]>, airlock_protocol::FrameError> {
+    let mut frames = airlock_protocol::frame::encode_frame(&SupervisorMessage::Hello {
+        version: PROTOCOL_VERSION,
+    })?;
+    frames.extend(airlock_protocol::frame::encode_frame(
+        &SupervisorMessage::Setup(Box::new(spec)),
+    )?);
+    Ok(frames.into())
 }
 
 /// A confined worker waiting for its one call.
@@ -281,6 +292,9 @@ struct WorkerLease {
     cgroup: Option<WorkerCgroup>,
     /// Where the cgroup goes once the worker is reaped (it decides whether to keep it).
     recycler: Arc<CgroupRecycler>,
+    /// The template the worker was cloned from: its spawner thread must outlive the
+    /// worker, whose parent-death signal follows that thread.
+    _template: Option<Arc<RootTemplate>>,
 }
 
 impl WorkerLease {
@@ -436,6 +450,8 @@ impl Supervisor {
             cgroup_spares: Arc::default(),
             null: open_null().ok(),
             setup_frames: SetupFrames::default(),
+            templates: Templates::default(),
+            templates_built: AtomicU64::new(0),
         })
     }
 
@@ -464,6 +480,8 @@ impl Supervisor {
         }
         // After the wait: every released cgroup has come back by now.
         self.cgroup_spares.clear();
+        // No worker of theirs is left: their spawner threads end here.
+        self.templates.clear();
     }
 
     /// The cgroup parent, or why there is none.
@@ -530,6 +548,7 @@ impl Supervisor {
                     deadline,
                     cancel,
                     run_now,
+                    None,
                 )
                 .await
             }
@@ -624,13 +643,22 @@ impl Supervisor {
                     // spawner, but each worker's set-up runs in parallel in its own process.
                     let missing = idle - supervisor.pool.idle_count(&key);
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                    let template = supervisor.root_template(&profile).await;
                     let mut batch = tokio::task::JoinSet::new();
                     for _ in 0..missing {
                         let supervisor = Arc::clone(&supervisor);
                         let profile = Arc::clone(&profile);
+                        let template = template.clone();
                         batch.spawn(async move {
                             let outcome = supervisor
-                                .prepare_worker(&profile, None, deadline, None, None)
+                                .prepare_worker(
+                                    &profile,
+                                    None,
+                                    deadline,
+                                    None,
+                                    None,
+                                    template.as_ref(),
+                                )
                                 .await;
                             (supervisor, outcome)
                         });
@@ -667,6 +695,8 @@ impl Supervisor {
         PoolStats {
             cgroups_reused: self.cgroup_spares.reused(),
             cgroups_kept: self.cgroup_spares.len(),
+            templates_built: self.templates_built.load(Ordering::Relaxed),
+            templates_ready: self.templates.ready(),
             ..self.pool.stats()
         }
     }
@@ -697,7 +727,88 @@ impl Supervisor {
         }
     }
 
-    /// cgroup, spawn, handshake and confinement: a worker waiting for its one call.
+    /// The root template for `profile`'s pooled workers: the current one, or one built
+    /// now; `None` where the profile's workers build their own roots (see
+    /// [`crate::template`]).
+    async fn root_template(&self, profile: &Arc<CompiledProfile>) -> Option<Arc<RootTemplate>> {
+        let network = self.worker_network(profile);
+        match self.templates.find(profile, network) {
+            Lookup::Ready(template) => return Some(template),
+            Lookup::Unavailable => return None,
+            Lookup::Missing => {}
+        }
+        let built = self.build_template(profile, network).await;
+        let template = match built {
+            Ok(template) => {
+                self.templates_built.fetch_add(1, Ordering::Relaxed);
+                Some(Arc::new(template))
+            }
+            Err(why) => {
+                tracing::debug!(profile = %profile.name, %why, "no root template: each worker builds its root");
+                None
+            }
+        };
+        self.templates.record(profile, network, template.clone());
+        template
+    }
+
+    /// Spawns a holder that builds the shared part of `profile`'s root, starts a spawner
+    /// thread in its mount namespace, and kills it.
+    async fn build_template(
+        &self,
+        profile: &Arc<CompiledProfile>,
+        network: WorkerNetwork,
+    ) -> Result<RootTemplate, String> {
+        let split = split_plan(&profile.spec.mounts)
+            .ok_or("the mount plan has a writable bind or a step below a tmpfs")?;
+        // Before the holder looks at them: a change from here on shows as stale.
+        let sources = source_identities(&profile.spec.mounts);
+        let mut holder_profile = CompiledProfile::clone(profile);
+        holder_profile.spec.mounts = split.template;
+        let holder_profile = Arc::new(holder_profile);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let holder = self
+            .prepare_worker(&holder_profile, None, deadline, None, None, None)
+            .await;
+        // The whole worker is kept until the thread has entered its namespace: with its
+        // channel closed, it would exit (and take the namespace with it) at once.
+        let holder = match holder {
+            Ok(worker) => worker,
+            Err(PrepareError::Failed(conversation, mut lease)) => {
+                let _ = finish_worker(&mut lease).await;
+                let why = match conversation {
+                    Conversation::SetupFailed { failure } => {
+                        format!("{} failed: {}", failure.step, failure.message)
+                    }
+                    Conversation::Broken(e) => error_chain(&e),
+                    Conversation::TimedOut { .. } => "timed out".into(),
+                    Conversation::Cancelled { .. } => "cancelled".into(),
+                    Conversation::Finished { .. } => "ran a call".into(),
+                };
+                return Err(format!("the holder's set-up: {why}"));
+            }
+            Err(PrepareError::Rejected(e)) => return Err(e.message),
+        };
+        let spawner = match &holder.lease.pidfd {
+            Some(pidfd) => self
+                .spawner
+                .start_template(pidfd, network)
+                .map_err(|e| error_chain(&e)),
+            None => Err("the holder has no pidfd".to_string()),
+        };
+        // The thread holds the namespace now; the holder has done its part.
+        let ReadyWorker { mut lease, .. } = holder;
+        let _ = finish_worker(&mut lease).await;
+        let spawner = spawner?;
+        let mut spec = spec_for(profile, network);
+        spec.root = airlock_protocol::RootSource::Template;
+        spec.mounts = split.per_worker;
+        let frames = encode_setup(spec).map_err(|e| e.to_string())?;
+        Ok(RootTemplate::new(spawner, frames, sources))
+    }
+
+    /// cgroup, spawn, handshake and confinement: a worker waiting for its one call; cloned
+    /// from `template` when there is one.
     async fn prepare_worker(
         &self,
         profile: &Arc<CompiledProfile>,
@@ -705,6 +816,7 @@ impl Supervisor {
         deadline: tokio::time::Instant,
         cancel: Option<&CancelSignal>,
         run_now: Option<RunRequest>,
+        template: Option<&Arc<RootTemplate>>,
     ) -> Result<ReadyWorker, PrepareError> {
         let unavailable = |step: &str, message: String| {
             Box::new(ToolError {
@@ -721,6 +833,7 @@ impl Supervisor {
             pidfd: None,
             cgroup,
             recycler: Arc::clone(&self.cgroup_spares),
+            _template: template.cloned(),
         };
         let stdio = match (inherit_stdio, &self.null) {
             (Some([a, b, c]), _) => copies([a, b, c]),
@@ -769,7 +882,14 @@ impl Supervisor {
         };
         // Pinned in place: moved by value, these large futures overflowed a debug build's
         // 2 MiB runtime thread stack.
-        let spawn = self.spawner.spawn(request);
+        // A template's workers come from its thread and get its frames, never the others:
+        // a worker told its root is a template's must be in a copy of that namespace.
+        let spawn = async {
+            match template {
+                Some(template) => template.spawner.spawn(request).await,
+                None => self.spawner.spawn(request).await,
+            }
+        };
         tokio::pin!(spawn);
         let spawned = match self.unless_given_up(spawn, deadline, cancel).await {
             Ok(spawned) => spawned.map_err(spawn_failed)?,
@@ -807,7 +927,11 @@ impl Supervisor {
         let mut channel = WorkerChannel::new(stream, max_frame);
         let run_sent = run_now.is_some();
         let handshake = {
-            let frames = self.setup_frames.get(profile, network).map_err(|e| {
+            let frames = match template {
+                Some(template) => Ok(Arc::clone(&template.frames)),
+                None => self.setup_frames.get(profile, network),
+            };
+            let frames = frames.map_err(|e| {
                 Conversation::Broken(ChannelError::Violation(format!(
                     "cannot encode the worker's setup: {e}"
                 )))

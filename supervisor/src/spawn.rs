@@ -395,6 +395,38 @@ pub struct Spawner {
 struct SpawnerThreads {
     own: SpawnerThread,
     shared_network: Option<SpawnerThread>,
+    /// What a template's spawner thread needs too.
+    image: std::sync::Arc<WorkerImage>,
+    mapping: IdMapping,
+    extra_args: std::sync::Arc<Vec<String>>,
+}
+
+/// The namespaces a spawner thread moves itself into when it starts, and never leaves.
+#[derive(Debug)]
+enum ThreadNamespaces {
+    /// The supervisor's own.
+    Own,
+    /// A new, empty network namespace (needs CAP_SYS_ADMIN).
+    NewNetwork,
+    /// The mount namespace (with `network`, also the network namespace) of the process
+    /// behind this pidfd: a root template's holder (see [`Spawner::start_template`]).
+    Template { holder: OwnedFd, network: bool },
+}
+
+/// A spawner thread that lives in a root template's mount namespace: every worker it
+/// clones gets a copy of that namespace, whose root is the template's. Dropped with the
+/// last worker it started (each keeps an `Arc` of it), since a worker's parent-death signal
+/// follows the thread that cloned it.
+#[derive(Debug)]
+pub struct TemplateSpawner {
+    thread: SpawnerThread,
+}
+
+impl TemplateSpawner {
+    /// Starts one worker in a copy of the template's mount namespace.
+    pub async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
+        self.thread.spawn(request).await
+    }
 }
 
 #[derive(Debug)]
@@ -419,32 +451,40 @@ impl Drop for SpawnerThread {
 const WORKER_SOCKET_ARG_NAME: &str = "__airlock_worker";
 
 impl SpawnerThread {
-    /// Starts a spawner thread; with `new_network_namespace` the thread first unshares its
-    /// own network namespace (needs CAP_SYS_ADMIN) and fails if it cannot.
+    /// Starts a spawner thread, which first moves itself into `namespaces` and fails if it
+    /// cannot.
     fn start(
         name: &str,
         image: std::sync::Arc<WorkerImage>,
         mapping: IdMapping,
         extra_args: std::sync::Arc<Vec<String>>,
-        new_network_namespace: bool,
+        namespaces: ThreadNamespaces,
     ) -> Result<Self, SpawnError> {
         let (requests, receiver) = mpsc::channel::<(SpawnRequest, Reply, SpawnInFlight)>();
         let (started, is_started) = mpsc::sync_channel::<io::Result<()>>(1);
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                let entered = sys::block_all_signals_in_this_thread().and_then(|()| {
-                    if new_network_namespace {
-                        sys::unshare_network_namespace()
-                    } else {
+                // The host's /proc, opened before any namespace is entered: in a template's
+                // mount namespace `/proc` is the template's, where the workers' pids are not.
+                let mut proc_dir = None;
+                let entered = sys::block_all_signals_in_this_thread()
+                    .and_then(|()| {
+                        proc_dir = Some(sys::open_proc_dir()?);
                         Ok(())
-                    }
-                });
-                let failed = entered.is_err();
-                let _ = started.send(entered);
-                if failed {
+                    })
+                    .and_then(|()| match namespaces {
+                        ThreadNamespaces::Own => Ok(()),
+                        ThreadNamespaces::NewNetwork => sys::unshare_network_namespace(),
+                        ThreadNamespaces::Template { holder, network } => {
+                            sys::enter_mount_namespace_of(&holder, network)
+                        }
+                    });
+                let (Ok(()), Some(proc_dir)) = (&entered, proc_dir) else {
+                    let _ = started.send(entered);
                     return;
-                }
+                };
+                let _ = started.send(Ok(()));
                 let mut children = ChildrenInFlight::default();
                 loop {
                     // While children are between clone and exec, wake up now and then to
@@ -458,8 +498,14 @@ impl SpawnerThread {
                     };
                     match next {
                         Ok((request, reply, in_flight)) => {
-                            let spawned =
-                                spawn_worker(&image, mapping, &extra_args, request, &mut children);
+                            let spawned = spawn_worker(
+                                &image,
+                                mapping,
+                                &extra_args,
+                                &proc_dir,
+                                request,
+                                &mut children,
+                            );
                             // If the caller gave up while we were spawning, the reply is
                             // dropped here and its ChildProcess kills and reaps the worker
                             // (counted as a clean-up of its own before `in_flight` ends).
@@ -486,7 +532,7 @@ impl SpawnerThread {
             Ok(Err(source)) => {
                 drop(handle);
                 Err(SpawnError::Parent {
-                    operation: "create the shared network namespace",
+                    operation: "enter the spawner thread's namespaces",
                     source,
                 })
             }
@@ -526,10 +572,16 @@ impl Spawner {
             std::sync::Arc::clone(&image),
             mapping,
             std::sync::Arc::clone(&extra_args),
-            false,
+            ThreadNamespaces::Own,
         )?;
         let shared_network = if share_network_namespace {
-            match SpawnerThread::start("airlock-spawner-net", image, mapping, extra_args, true) {
+            match SpawnerThread::start(
+                "airlock-spawner-net",
+                std::sync::Arc::clone(&image),
+                mapping,
+                std::sync::Arc::clone(&extra_args),
+                ThreadNamespaces::NewNetwork,
+            ) {
                 Ok(thread) => Some(thread),
                 Err(error) => {
                     tracing::debug!(%error, "no shared network namespace: every worker gets its own");
@@ -543,8 +595,41 @@ impl Spawner {
             inner: std::sync::Arc::new(SpawnerThreads {
                 own,
                 shared_network,
+                image,
+                mapping,
+                extra_args,
             }),
         })
+    }
+
+    /// Starts a spawner thread in the mount namespace of `holder` (a pidfd), a worker that
+    /// built a profile's read-only root and waits; with [`WorkerNetwork::Shared`] also in
+    /// its network namespace (the holder was spawned into the shared one). The thread
+    /// enters both for good before it returns, so the holder may then be killed: the
+    /// thread keeps the namespace. Needs CAP_SYS_ADMIN and CAP_SYS_CHROOT in the
+    /// supervisor's user namespace (`setns` on a pidfd, Linux 5.8): an unprivileged
+    /// supervisor gets an error here and builds every worker's root.
+    pub fn start_template(
+        &self,
+        holder: &OwnedFd,
+        network: WorkerNetwork,
+    ) -> Result<TemplateSpawner, SpawnError> {
+        let holder = holder.try_clone().map_err(|source| SpawnError::Parent {
+            operation: "copy the template holder's pidfd",
+            source,
+        })?;
+        let inner = &self.inner;
+        let thread = SpawnerThread::start(
+            "airlock-spawner-tpl",
+            std::sync::Arc::clone(&inner.image),
+            inner.mapping,
+            std::sync::Arc::clone(&inner.extra_args),
+            ThreadNamespaces::Template {
+                holder,
+                network: network == WorkerNetwork::Shared,
+            },
+        )?;
+        Ok(TemplateSpawner { thread })
     }
 
     /// Whether [`WorkerNetwork::Shared`] is available.
@@ -609,11 +694,14 @@ impl ChildrenInFlight {
     }
 }
 
-fn write_proc_file(pid: i32, file: &'static str, contents: &str) -> Result<(), SpawnError> {
-    let path = format!("/proc/{pid}/{file}");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
+fn write_proc_file(
+    proc_dir: &OwnedFd,
+    pid: i32,
+    file: &'static str,
+    contents: &str,
+) -> Result<(), SpawnError> {
+    sys::open_for_writing_at(proc_dir, &format!("{pid}/{file}"))
+        .map(File::from)
         .and_then(|mut f| f.write_all(contents.as_bytes()))
         .map_err(|source| SpawnError::IdMap { file, pid, source })
 }
@@ -623,6 +711,7 @@ fn spawn_worker(
     image: &WorkerImage,
     mapping: IdMapping,
     extra_args: &[String],
+    proc_dir: &OwnedFd,
     request: SpawnRequest,
     children: &mut ChildrenInFlight,
 ) -> Result<Spawned, SpawnError> {
@@ -685,9 +774,10 @@ fn spawn_worker(
 
     // Parent-side half of the handshake: sandbox root is an unprivileged host id; setgroups
     // is denied so the sandbox cannot drop supplementary groups to dodge group-deny ACLs.
-    let maps = write_proc_file(pid, "setgroups", "deny")
-        .and_then(|()| write_proc_file(pid, "uid_map", &format!("0 {} 1\n", mapping.host_uid)))
-        .and_then(|()| write_proc_file(pid, "gid_map", &format!("0 {} 1\n", mapping.host_gid)));
+    let write = |file, contents: &str| write_proc_file(proc_dir, pid, file, contents);
+    let maps = write("setgroups", "deny")
+        .and_then(|()| write("uid_map", &format!("0 {} 1\n", mapping.host_uid)))
+        .and_then(|()| write("gid_map", &format!("0 {} 1\n", mapping.host_gid)));
     // On failure, dropping `child` kills and reaps the child (still waiting for release).
     maps?;
     let cloned_us = clone_started.elapsed().as_micros() as u64;

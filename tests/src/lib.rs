@@ -84,10 +84,14 @@ pub struct Scratch(pub PathBuf);
 impl Scratch {
     /// A fresh directory under the system temp dir.
     pub fn new(tag: &str) -> Self {
+        Self::under(&std::env::temp_dir(), tag)
+    }
+
+    /// A fresh directory under `parent` (created if missing).
+    pub fn under(parent: &Path, tag: &str) -> Self {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("airlock-test-{tag}-{}-{n}", std::process::id()));
+        let dir = parent.join(format!("airlock-test-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
     }

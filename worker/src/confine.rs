@@ -7,12 +7,14 @@
 
 use std::os::fd::RawFd;
 
-use airlock_protocol::{AppliedIsolation, NetworkMode, Requirement, SandboxSpec, SetupFailure};
+use airlock_protocol::{
+    AppliedIsolation, NetworkMode, Requirement, RootSource, SandboxSpec, SetupFailure,
+};
 use caps::CapSet;
 use nix::sys::resource::{Resource, setrlimit};
 
 use crate::landlock::{LandlockError, apply_landlock_to_current_process};
-use crate::mounts::build_root_filesystem;
+use crate::mounts::{build_root_filesystem, finish_template_root};
 use crate::sys;
 
 /// How long each confinement step took, for `RUST_LOG=debug` in the supervisor.
@@ -120,8 +122,13 @@ pub fn confine_worker(
 
     timings.mark("session");
     // 2. Mounts first: they need CAP_SYS_ADMIN in our mount namespace and the host root
-    //    still reachable as the source of binds (and of the "fully visible /proc" check).
-    build_root_filesystem(&spec.mounts).map_err(|e| {
+    //    still reachable as the source of binds (and of the "fully visible /proc" check),
+    //    or, for a worker cloned from its profile's template, that template's root.
+    let mounted = match spec.root {
+        RootSource::Build => build_root_filesystem(&spec.mounts),
+        RootSource::Template => finish_template_root(&spec.mounts),
+    };
+    mounted.map_err(|e| {
         let errno = e.errno();
         ConfineError::at("mount", e, errno)
     })?;

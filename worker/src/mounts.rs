@@ -50,6 +50,12 @@ pub enum MountError {
     /// A required host path does not exist.
     #[error("host path {0} does not exist (mark it read_optional if it may be missing)")]
     MissingSource(String),
+    /// Told its root came from a template, the worker found another root.
+    #[error("the root is not a read-only tmpfs, so not a template's: refusing to mount on it")]
+    NotATemplateRoot,
+    /// A template's worker got a mount step that belongs in the template.
+    #[error("{0} is not a per-worker mount step")]
+    NotPerWorker(&'static str),
 }
 
 impl MountError {
@@ -59,6 +65,7 @@ impl MountError {
             MountError::Syscall { source, .. } => Some(*source as i32),
             MountError::Path(e) => Some(e.errno()),
             MountError::MissingSource(_) => Some(libc::ENOENT),
+            MountError::NotATemplateRoot | MountError::NotPerWorker(_) => Some(libc::EINVAL),
         }
     }
 }
@@ -628,5 +635,78 @@ pub fn build_root_filesystem_binding_by(
     chdir(NEW_ROOT).map_err(sys("chdir", NEW_ROOT))?;
     pivot_root(".", ".").map_err(sys("pivot_root", NEW_ROOT))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root", "/"))?;
+    chdir("/").map_err(sys("chdir", "/"))
+}
+
+/// Completes a root that came from the profile's template: the worker was cloned from a
+/// mount namespace that holds the read-only root already (built once by the supervisor,
+/// `template` module there), with a procfs of the template's own, empty pid namespace at
+/// the proc target; that one is what lets the kernel allow a new procfs in this user
+/// namespace. What must be each worker's own is made here: the plan's tmpfs mounts, and a
+/// procfs of this worker's pid namespace over the template's. No bind, no `pivot_root`,
+/// no copy of the host's mount table to detach: that was most of a worker's set-up.
+pub fn finish_template_root(plan: &[MountOp]) -> Result<(), MountError> {
+    let root = open_dir("/")?;
+    // A template's root is a read-only tmpfs. Anything else is refused before a mount is
+    // made: a worker cloned from the host's namespace by mistake would otherwise mount over
+    // the host's /tmp and keep the host's root.
+    let kind = nix::sys::statfs::fstatfs(&root).map_err(sys("statfs", "/"))?;
+    let read_only = fstatvfs(&root)
+        .map_err(sys("statvfs", "/"))?
+        .flags()
+        .contains(FsFlags::ST_RDONLY);
+    if kind.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC || !read_only {
+        return Err(MountError::NotATemplateRoot);
+    }
+    // The template's mounts are private, and so are their copies; this keeps it so
+    // whatever the template was built from.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(sys("make private", "/"))?;
+    let tree = Tree::new(root, Vec::new()).map_err(sys("stat", "/"))?;
+    for op in plan {
+        // Mounted by path, not by descriptor name: `/proc/self` means nothing until this
+        // worker's procfs is there. The points were checked by the walk (a directory,
+        // not a symlink), and nothing can change them in between: the tree is read-only
+        // to everyone, the template's holder is gone.
+        let (point, source, fstype, flags, data) = match op {
+            MountOp::Tmpfs {
+                target,
+                size_bytes,
+                mode,
+            } => (
+                MountPoint::make(&tree, target, Point::Dir(0o755))?,
+                "tmpfs",
+                "tmpfs",
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(format!("size={size_bytes},mode={mode:o}")),
+            ),
+            MountOp::Proc { target } => (
+                MountPoint::make(&tree, target, Point::Dir(0o555))?,
+                "proc",
+                "proc",
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                None,
+            ),
+            MountOp::Bind { .. } => return Err(MountError::NotPerWorker("bind")),
+            MountOp::Dev { .. } => return Err(MountError::NotPerWorker("dev")),
+            MountOp::Symlink { .. } => return Err(MountError::NotPerWorker("symlink")),
+            MountOp::Dir { .. } => return Err(MountError::NotPerWorker("dir")),
+        };
+        mount(
+            Some(source),
+            point.path.as_str(),
+            Some(fstype),
+            flags,
+            data.as_deref(),
+        )
+        .map_err(sys("mount", &point.path))?;
+    }
+    drop(tree);
     chdir("/").map_err(sys("chdir", "/"))
 }

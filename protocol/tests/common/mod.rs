@@ -5,8 +5,8 @@
 
 use airlock_protocol::{
     AppliedIsolation, BpfInstruction, ExitStatus, LandlockSpec, LogLevel, LogRecord, MountOp,
-    NetworkMode, PROTOCOL_VERSION, Requirement, Rlimits, RunRequest, SandboxSpec, SeccompSpec,
-    SetupFailure, StdioMode, SupervisorMessage, ToolExit, WorkerMessage,
+    NetworkMode, PROTOCOL_VERSION, Requirement, Rlimits, RootSource, RunRequest, SandboxSpec,
+    SeccompSpec, SetupFailure, StdioMode, SupervisorMessage, ToolExit, WorkerMessage,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -105,6 +105,7 @@ prop_compose! {
         profile in text(),
         hostname in text(),
         mounts in vec(mount_op(), 0..4),
+        templated in any::<bool>(),
         network in network_mode(),
         rlimits in rlimits(),
         landlock in landlock_spec(),
@@ -112,7 +113,8 @@ prop_compose! {
         env in vec((text(), text()), 0..3),
         cwd in text(),
     ) -> SandboxSpec {
-        SandboxSpec { profile, hostname, mounts, network, rlimits, landlock, seccomp, env, cwd }
+        let root = if templated { RootSource::Template } else { RootSource::Build };
+        SandboxSpec { profile, hostname, mounts, root, network, rlimits, landlock, seccomp, env, cwd }
     }
 }
 
@@ -245,6 +247,7 @@ pub fn sample_spec() -> SandboxSpec {
                 mode: 0o755,
             },
         ],
+        root: RootSource::Build,
         network: NetworkMode::None,
         rlimits: Rlimits {
             open_files: 64,

@@ -94,6 +94,45 @@ pub fn unshare_network_namespace() -> io::Result<()> {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)
 }
 
+/// The host's /proc, for paths below it that must not depend on the thread's mount
+/// namespace later.
+pub fn open_proc_dir() -> io::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    nix::fcntl::open(
+        "/proc",
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(io::Error::from)
+}
+
+/// Opens `path` below `dir` for writing (close-on-exec).
+pub fn open_for_writing_at(dir: &OwnedFd, path: &str) -> io::Result<OwnedFd> {
+    use nix::fcntl::OFlag;
+    nix::fcntl::openat(
+        dir,
+        path,
+        OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(io::Error::from)
+}
+
+/// Moves the calling thread (only) into the mount namespace of the process behind
+/// `pidfd`, and with `network` into its network namespace too. The thread first stops
+/// sharing its root and working directory with the rest of the process (the kernel
+/// refuses to switch a mount namespace under a shared `fs`); entering makes the
+/// namespace's root the thread's root and working directory.
+pub fn enter_mount_namespace_of(pidfd: &OwnedFd, network: bool) -> io::Result<()> {
+    use nix::sched::CloneFlags;
+    nix::sched::unshare(CloneFlags::CLONE_FS).map_err(io::Error::from)?;
+    let mut flags = CloneFlags::CLONE_NEWNS;
+    if network {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    nix::sched::setns(pidfd, flags).map_err(io::Error::from)
+}
+
 /// Sends a signal through a pidfd (never to a recycled pid).
 pub fn signal_pidfd(pidfd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: pidfd_send_signal with a NULL siginfo reads no memory.
