@@ -759,8 +759,13 @@ impl Supervisor {
         profile: &Arc<CompiledProfile>,
         network: WorkerNetwork,
     ) -> Result<RootTemplate, String> {
+        if sys::effective_ids().0 != 0 {
+            // Entering the holder's mount namespace needs CAP_SYS_ADMIN here: no holder
+            // worker is spent to learn that.
+            return Err("an unprivileged supervisor cannot enter a template's namespace".into());
+        }
         let split = split_plan(&profile.spec.mounts)
-            .ok_or("the mount plan has a writable bind or a step below a tmpfs")?;
+            .ok_or("the mount plan has a step below a tmpfs or procfs mount")?;
         // Before the holder looks at them: a change from here on shows as stale.
         let sources = source_identities(&profile.spec.mounts);
         let mut holder_profile = CompiledProfile::clone(profile);
