@@ -147,6 +147,16 @@ fn mount_probe(method: &str) -> Option<serde_json::Value> {
 }
 
 #[test]
+fn a_worker_told_its_root_is_a_templates_refuses_the_hosts_root_before_mounting() {
+    let Some(report) = mount_probe("template-on-host") else {
+        return;
+    };
+    let refused = report["refused"].as_str().unwrap_or_default();
+    assert!(refused.contains("not a template"), "{report}");
+    assert_eq!(report["mounts_unchanged"], true, "{report}");
+}
+
+#[test]
 fn binds_by_descriptor_and_by_mount_syscall_give_the_same_root() {
     let (Some(preferred), Some(fallback)) =
         (mount_probe("preferred"), mount_probe("mount-syscall"))

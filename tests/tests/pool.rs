@@ -200,3 +200,56 @@ limits = { memory = "96MiB", pids = 64, timeout = "20s" }
         "close keeps nothing"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_is_built_again_when_a_bound_file_is_replaced_and_later_workers_see_it() {
+    // SAFETY: geteuid has no preconditions.
+    if !sandbox_available() || unsafe { libc::geteuid() } != 0 {
+        // Unprivileged supervisors have no templates (the fallback is the cold path).
+        return;
+    }
+    let scratch = airlock_tests::Scratch::under(std::path::Path::new("/var/tmp"), "template-stale");
+    let file = scratch.write("motd", "old\n");
+    let text = format!(
+        r#"version = 1
+[profiles.t]
+read = ["/usr", {file:?}]
+read_optional = ["/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache"]
+tmpfs = {{ "/tmp" = "1MiB" }}
+network = "none"
+env = {{ PATH = "/usr/bin:/bin" }}
+"#,
+        file = file.display().to_string()
+    );
+    let policy = load_policy_str(&text, "stale.toml").unwrap().policy;
+    let profile = Arc::clone(&policy.profiles["t"]);
+    let pooled = Arc::new(airlock_tests::supervisor());
+    pooled.keep_warm(Arc::clone(&profile), 1);
+    let wait_idle = || async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while pooled.pool_stats().idle < 1 {
+            assert!(Instant::now() < deadline, "the pool never filled");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let cat = format!("cat {}", file.display());
+    wait_idle().await;
+    let first = pooled.run(run(&profile, &cat), None).await;
+    assert_eq!(first.stdout, "old\n", "{first:?}");
+    assert_eq!(pooled.pool_stats().templates_built, 1);
+
+    // Replaced the way package managers replace files: a new inode renamed over the old.
+    let next = scratch.write("motd.new", "new\n");
+    std::fs::rename(&next, &file).unwrap();
+    // The worker idle since before the change may keep the old view (as pooled workers
+    // always did); the one made after it must not.
+    wait_idle().await;
+    let second = pooled.run(run(&profile, &cat), None).await;
+    assert!(second.ok, "{second:?}");
+    wait_idle().await;
+    let third = pooled.run(run(&profile, &cat), None).await;
+    assert_eq!(third.stdout, "new\n", "{third:?}");
+    let stats = pooled.pool_stats();
+    assert_eq!((stats.templates_built, stats.misses), (2, 0), "{stats:?}");
+    pooled.close().await;
+}

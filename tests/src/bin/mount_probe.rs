@@ -1,14 +1,16 @@
 //! A fixture for the worker's two ways of binding (`airlock_worker::mounts::BindMethod`):
 //! in user and mount namespaces of its own it builds a small root with the method named on
 //! its command line, pivots into it, and prints as JSON what the binds look like there.
-//! The tests compare the two methods (the fallback is taken on no kernel CI has).
+//! The tests compare the two methods (the fallback is taken on no kernel CI has). With
+//! `template-on-host` it instead asks for a template's per-worker mounts in its copy of
+//! the host's namespace, which the worker must refuse before mounting anything.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 
 use airlock_protocol::MountOp;
-use airlock_worker::mounts::{BindMethod, build_root_filesystem_binding_by};
+use airlock_worker::mounts::{BindMethod, build_root_filesystem_binding_by, finish_template_root};
 
 fn enter_own_namespaces() -> Result<(), String> {
     // SAFETY: geteuid/getegid have no preconditions.
@@ -57,7 +59,33 @@ fn create_error(path: &str) -> String {
 }
 
 fn main() {
-    let method = match std::env::args().nth(1).as_deref() {
+    let mode = std::env::args().nth(1);
+    if mode.as_deref() == Some("template-on-host") {
+        if let Err(e) = enter_own_namespaces() {
+            println!("{}", serde_json::json!({ "unavailable": e }));
+            std::process::exit(3);
+        }
+        let mounts = || std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let before = mounts();
+        let plan = [
+            MountOp::Tmpfs {
+                target: "/tmp".into(),
+                size_bytes: 1 << 20,
+                mode: 0o1777,
+            },
+            MountOp::Proc {
+                target: "/proc".into(),
+            },
+        ];
+        let outcome = finish_template_root(&plan).map_err(|e| e.to_string());
+        let report = serde_json::json!({
+            "refused": outcome.err(),
+            "mounts_unchanged": mounts() == before,
+        });
+        println!("{report}");
+        return;
+    }
+    let method = match mode.as_deref() {
         Some("preferred") => BindMethod::Preferred,
         Some("mount-syscall") => BindMethod::MountSyscall,
         other => {
