@@ -681,6 +681,13 @@ impl Supervisor {
                         }
                     }
                     if failed {
+                        if template.is_some() {
+                            // Whatever failed, the next workers build their own roots for
+                            // a while rather than retry a template that may be the cause.
+                            supervisor
+                                .templates
+                                .set_aside(&profile, supervisor.worker_network(&profile));
+                        }
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
@@ -885,10 +892,10 @@ impl Supervisor {
             error.transient = e.is_transient();
             PrepareError::Rejected(error)
         };
-        // Pinned in place: moved by value, these large futures overflowed a debug build's
-        // 2 MiB runtime thread stack.
         // A template's workers come from its thread and get its frames, never the others:
         // a worker told its root is a template's must be in a copy of that namespace.
+        // Pinned in place: moved by value, these large futures overflowed a debug build's
+        // 2 MiB runtime thread stack.
         let spawn = async {
             match template {
                 Some(template) => template.spawner.spawn(request).await,

@@ -271,6 +271,12 @@ impl Templates {
         known.push((Arc::clone(profile), network, state));
     }
 
+    /// Puts the template of `profile` for `network` workers aside, as if building it had
+    /// failed now (its workers keep it alive until they are gone).
+    pub fn set_aside(&self, profile: &Arc<CompiledProfile>, network: WorkerNetwork) {
+        self.record(profile, network, None);
+    }
+
     /// Templates ready now.
     pub fn ready(&self) -> usize {
         let known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
