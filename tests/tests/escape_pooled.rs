@@ -83,13 +83,15 @@ fn every_attack_in_the_battery_ends_the_documented_way_in_pooled_workers() {
     // built below), so nothing reads the environment concurrently. The "supervisor
     // environment" case fails if it reaches a tool.
     unsafe { std::env::set_var("AIRLOCK_BATTERY_SECRET", "hunter2") };
-    // Not below /tmp: the battery's profiles mount a tmpfs there, and a bind below a
-    // per-worker tmpfs keeps a profile from having a template.
+    // Not below /tmp, and neither is the probe the profiles bind (a checkout may be there):
+    // the battery's profiles mount a tmpfs on /tmp, and a bind below a per-worker tmpfs
+    // keeps a profile from having a template.
     let scratch = Scratch::under(std::path::Path::new("/var/tmp"), "escape-pooled");
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let fixture = Fixture::new(&scratch.0, root.then_some(65534)).unwrap();
-    let probe = airlock_tests::fixture_bin("airlock-probe");
+    let probe = scratch.0.join("airlock-probe");
+    std::fs::copy(airlock_tests::fixture_bin("airlock-probe"), &probe).unwrap();
     let text = fixture.policy_toml(&probe);
     let policy = airlock_policy::load_policy_str(&text, "battery.toml")
         .unwrap()

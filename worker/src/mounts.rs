@@ -565,6 +565,18 @@ fn apply(
     }
 }
 
+/// Makes every mount of this namespace private (recursively from `/`).
+fn make_every_mount_private() -> Result<(), MountError> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(sys("make private", "/"))
+}
+
 /// Builds the sandbox root from `plan` and pivots into it. Needs CAP_SYS_ADMIN in the
 /// worker's own user and mount namespaces. Afterwards nothing of the host filesystem is
 /// reachable but what the plan bound.
@@ -580,14 +592,7 @@ pub fn build_root_filesystem_binding_by(
     let binder = Binder::new(method);
     // Propagation private first: nothing we mount may leak to the host, and no host mount
     // event may appear in the sandbox later.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(sys("make private", "/"))?;
+    make_every_mount_private()?;
 
     // Sources first, while the host's /tmp is still visible under the new root's place.
     let (sources, host) = open_sources(plan)?;
@@ -660,14 +665,7 @@ pub fn finish_template_root(plan: &[MountOp]) -> Result<(), MountError> {
     }
     // The template's mounts are private, and so are their copies; this keeps it so
     // whatever the template was built from.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(sys("make private", "/"))?;
+    make_every_mount_private()?;
     let tree = Tree::new(root, Vec::new()).map_err(sys("stat", "/"))?;
     for op in plan {
         // Mounted by path, not by descriptor name: `/proc/self` means nothing until this
