@@ -23,7 +23,9 @@ use crate::pool::{Pool, PoolStats};
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
 use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawner, WorkerImage, WorkerNetwork};
 use crate::sys;
-use crate::template::{Lookup, RootTemplate, Templates, source_identities, split_plan};
+use crate::template::{
+    Lookup, RootTemplate, TemplateError, Templates, source_identities, split_plan,
+};
 
 /// Why a supervisor could not start.
 #[derive(Debug, thiserror::Error)]
@@ -751,6 +753,7 @@ impl Supervisor {
                 Some(Arc::new(template))
             }
             Err(why) => {
+                let why = error_chain(&why);
                 tracing::debug!(profile = %profile.name, %why, "no root template: each worker builds its root");
                 None
             }
@@ -765,14 +768,13 @@ impl Supervisor {
         &self,
         profile: &Arc<CompiledProfile>,
         network: WorkerNetwork,
-    ) -> Result<RootTemplate, String> {
+    ) -> Result<RootTemplate, TemplateError> {
         if sys::effective_ids().0 != 0 {
             // Entering the holder's mount namespace needs CAP_SYS_ADMIN here: no holder
             // worker is spent to learn that.
-            return Err("an unprivileged supervisor cannot enter a template's namespace".into());
+            return Err(TemplateError::Unprivileged);
         }
-        let split = split_plan(&profile.spec.mounts)
-            .ok_or("the mount plan has a step below a tmpfs or procfs mount")?;
+        let split = split_plan(&profile.spec.mounts).ok_or(TemplateError::PlanNotSplittable)?;
         // Before the holder looks at them: a change from here on shows as stale.
         let sources = source_identities(&profile.spec.mounts);
         let mut holder_profile = CompiledProfile::clone(profile);
@@ -797,16 +799,16 @@ impl Supervisor {
                     Conversation::Cancelled { .. } => "cancelled".into(),
                     Conversation::Finished { .. } => "ran a call".into(),
                 };
-                return Err(format!("the holder's set-up: {why}"));
+                return Err(TemplateError::Holder(why));
             }
-            Err(PrepareError::Rejected(e)) => return Err(e.message),
+            Err(PrepareError::Rejected(e)) => return Err(TemplateError::Holder(e.message)),
         };
         let spawner = match &holder.lease.pidfd {
             Some(pidfd) => self
                 .spawner
                 .start_template(pidfd, network)
-                .map_err(|e| error_chain(&e)),
-            None => Err("the holder has no pidfd".to_string()),
+                .map_err(TemplateError::from),
+            None => Err(TemplateError::Holder("it has no pidfd".into())),
         };
         // The thread holds the namespace now; the holder has done its part.
         let ReadyWorker { mut lease, .. } = holder;
@@ -815,7 +817,7 @@ impl Supervisor {
         let mut spec = spec_for(profile, network);
         spec.root = airlock_protocol::RootSource::Template;
         spec.mounts = split.per_worker;
-        let frames = encode_setup(spec).map_err(|e| e.to_string())?;
+        let frames = encode_setup(spec)?;
         Ok(RootTemplate::new(spawner, frames, sources))
     }
 

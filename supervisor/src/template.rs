@@ -42,9 +42,29 @@ use airlock_protocol::MountOp;
 
 use crate::spawn::{TemplateSpawner, WorkerNetwork};
 
-/// How long a profile whose template could not be built waits for the next attempt (an
-/// unprivileged supervisor pays one holder worker per attempt).
+/// How long a profile whose template could not be built waits for the next attempt (a
+/// failed attempt may have cost a holder worker).
 pub const RETRY: Duration = Duration::from_secs(30);
+
+/// Why a profile has no template (its workers then build their own roots).
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// Entering another process's mount namespace needs CAP_SYS_ADMIN.
+    #[error("an unprivileged supervisor cannot enter a template's namespace")]
+    Unprivileged,
+    /// The plan has a step a template cannot reproduce.
+    #[error("the mount plan has a step at or below a tmpfs or procfs mount")]
+    PlanNotSplittable,
+    /// The holder did not get as far as waiting with its root built.
+    #[error("the template's holder: {0}")]
+    Holder(String),
+    /// The spawner thread could not enter the holder's namespaces.
+    #[error(transparent)]
+    Spawner(#[from] crate::spawn::SpawnError),
+    /// The workers' setup frames could not be encoded.
+    #[error("cannot encode the template workers' setup: {0}")]
+    Encode(#[from] airlock_protocol::FrameError),
+}
 
 /// A profile's mount plan split for a template: what the holder builds, and what each
 /// worker mounts on top.
