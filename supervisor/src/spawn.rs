@@ -467,24 +467,28 @@ impl SpawnerThread {
             .spawn(move || {
                 // The host's /proc, opened before any namespace is entered: in a template's
                 // mount namespace `/proc` is the template's, where the workers' pids are not.
-                let mut proc_dir = None;
                 let entered = sys::block_all_signals_in_this_thread()
-                    .and_then(|()| {
-                        proc_dir = Some(sys::open_proc_dir()?);
-                        Ok(())
-                    })
-                    .and_then(|()| match namespaces {
-                        ThreadNamespaces::Own => Ok(()),
-                        ThreadNamespaces::NewNetwork => sys::unshare_network_namespace(),
-                        ThreadNamespaces::Template { holder, network } => {
-                            sys::enter_mount_namespace_of(&holder, network)
+                    .and_then(|()| sys::open_proc_dir())
+                    .and_then(|proc_dir| {
+                        match namespaces {
+                            ThreadNamespaces::Own => Ok(()),
+                            ThreadNamespaces::NewNetwork => sys::unshare_network_namespace(),
+                            ThreadNamespaces::Template { holder, network } => {
+                                sys::enter_mount_namespace_of(&holder, network)
+                            }
                         }
+                        .map(|()| proc_dir)
                     });
-                let (Ok(()), Some(proc_dir)) = (&entered, proc_dir) else {
-                    let _ = started.send(entered);
-                    return;
+                let proc_dir = match entered {
+                    Ok(proc_dir) => {
+                        let _ = started.send(Ok(()));
+                        proc_dir
+                    }
+                    Err(error) => {
+                        let _ = started.send(Err(error));
+                        return;
+                    }
                 };
-                let _ = started.send(Ok(()));
                 let mut children = ChildrenInFlight::default();
                 loop {
                     // While children are between clone and exec, wake up now and then to
