@@ -24,13 +24,31 @@ fn stdout_of(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
-/// A policy file in a fresh temporary directory.
-fn write_policy(tag: &str, text: &str) -> std::path::PathBuf {
+/// A policy file in a fresh temporary directory, removed with its directory when dropped
+/// (also when an assertion fails first): the suite leaves nothing in the host's `/tmp`.
+struct PolicyFile {
+    dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+}
+
+impl PolicyFile {
+    fn path(&self) -> &str {
+        self.file.to_str().unwrap()
+    }
+}
+
+impl Drop for PolicyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn write_policy(tag: &str, text: &str) -> PolicyFile {
     let dir = std::env::temp_dir().join(format!("airlock-explain-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("policy.toml");
     std::fs::write(&file, text).unwrap();
-    file
+    PolicyFile { dir, file }
 }
 
 #[test]
@@ -136,7 +154,7 @@ approval = "human"
 input = { type = "object", properties = { url = { type = "string", pattern = "^https://" } }, required = ["url"] }
 "#,
     );
-    let path = file.to_str().unwrap();
+    let path = file.path();
     let text = stdout_of(&explain(&["--policy", path, "--tool", "fetch"]));
     for expected in [
         "/usr/bin/curl -s {url}",
@@ -221,7 +239,7 @@ fn explain_refuses_bad_usage_and_invalid_policies() {
     );
 
     let file = write_policy("bad", "version = 1\n[profiles.p]\nread = [\"usr\"]\n");
-    let out = explain(&["--policy", file.to_str().unwrap(), "--profile", "p"]);
+    let out = explain(&["--policy", file.path(), "--profile", "p"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
