@@ -12,8 +12,8 @@ use airlock::{
     CallOptions, ErrorKind, Gate, SandboxRun, Supervisor, SupervisorOptions, ToolCall, ToolResult,
 };
 use airlock_policy::{
-    CompiledPolicy, Diagnostic, LoadedPolicy, PolicyError, Severity, load_policy_file,
-    load_policy_str, presets, units,
+    CompiledPolicy, CompiledProfile, Diagnostic, LoadedPolicy, PolicyError, Severity,
+    load_policy_file, load_policy_str, presets, units,
 };
 use clap::{Parser, Subcommand};
 
@@ -485,6 +485,16 @@ fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
     })
 }
 
+/// The profiles some tool of `policy` uses: the ones `serve --pool` keeps warm.
+fn profiles_in_use(policy: &CompiledPolicy) -> Vec<Arc<CompiledProfile>> {
+    let used: std::collections::BTreeSet<&String> =
+        policy.tools.values().map(|t| &t.tool.profile).collect();
+    used.into_iter()
+        .filter_map(|name| policy.profiles.get(name))
+        .cloned()
+        .collect()
+}
+
 fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
     let loaded = load_policy(Some(&flags.policy), None, presets::DEFAULT_PRESET)?;
     for warning in &loaded.warnings {
@@ -497,12 +507,7 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions { sandbox_host_id: flags.sandbox_uid, ..supervisor_options() })?);
         if flags.pool > 0 {
             // Warm every profile some tool uses; each call still gets a fresh worker.
-            let used: std::collections::BTreeSet<&String> = loaded.policy.tools.values().map(|t| &t.tool.profile).collect();
-            for name in used {
-                if let Some(profile) = loaded.policy.profiles.get(name) {
-                    supervisor.keep_warm(Arc::clone(profile), flags.pool);
-                }
-            }
+            supervisor.warm_exactly(&profiles_in_use(&loaded.policy), flags.pool).await;
         }
         let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy);
         if let Some(audit) = audit {
@@ -516,6 +521,8 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
         let signals = {
             let stop = stop.clone();
             let gate = Arc::clone(&gate);
+            let supervisor = Arc::clone(&supervisor);
+            let pool = flags.pool;
             let policy_path = flags.policy.clone();
             tokio::spawn(async move {
                 loop {
@@ -524,8 +531,14 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
                         _ = interrupt.recv() => break,
                         _ = hangup.recv() => match airlock_policy::load_policy_file(&policy_path) {
                             Ok(loaded) => {
+                                let in_use = profiles_in_use(&loaded.policy);
                                 gate.reload(loaded.policy);
                                 tracing::info!(policy = %policy_path.display(), "policy reloaded; pending approvals invalidated");
+                                if pool > 0 {
+                                    // Unchanged profiles keep their pools; changed and
+                                    // removed ones' idle workers are killed, new ones warmed.
+                                    supervisor.warm_exactly(&in_use, pool).await;
+                                }
                             }
                             Err(e) => {
                                 let detail = match &e {

@@ -565,6 +565,7 @@ async fn dispatch(
                 "overloaded": s.overloaded.load(Ordering::Relaxed),
                 "pending_approvals": shared.gate.pending_approvals(),
                 "pool": shared.gate.supervisor().pool_stats(),
+                "warm_pools": shared.gate.supervisor().warm_pools(),
                 "max_concurrent": shared.config.max_concurrent,
                 "max_queued": shared.config.max_queued,
             }});

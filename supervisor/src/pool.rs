@@ -129,6 +129,19 @@ impl<W> Pool<W> {
         self.misses.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Unregisters `key`: its idle workers, removed from the pool, and its replenisher
+    /// woken. Calls of it find nothing pooled from now on.
+    pub fn remove(&self, key: &str) -> Vec<W> {
+        let Ok(mut slots) = self.slots.lock() else {
+            return Vec::new();
+        };
+        let Some(slot) = slots.remove(key) else {
+            return Vec::new();
+        };
+        slot.notify.notify_one();
+        slot.idle.into_iter().collect()
+    }
+
     /// Every idle worker, removed from the pool (for shutdown); wakes every replenisher.
     pub fn drain(&self) -> Vec<W> {
         let Ok(mut slots) = self.slots.lock() else {
@@ -211,6 +224,22 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn removing_a_key_hands_back_its_workers_wakes_its_replenisher_and_spares_the_rest() {
+        let pool: Pool<u32> = Pool::default();
+        let notify = pool.notify_for("a");
+        pool.put("a", 1);
+        pool.put("a", 2);
+        pool.put("b", 3);
+        assert_eq!(pool.remove("a"), vec![1, 2]);
+        tokio::time::timeout(std::time::Duration::from_secs(5), notify.notified())
+            .await
+            .unwrap();
+        assert_eq!((pool.idle_count("a"), pool.idle_count("b")), (0, 1));
+        assert_eq!(pool.take("a"), None);
+        assert!(pool.remove("a").is_empty());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use airlock_policy::CompiledProfile;
@@ -81,6 +81,8 @@ pub struct Supervisor {
     pool: Pool<ReadyWorker>,
     /// Which pool serves a profile.
     pool_keys: PoolKeys,
+    /// The pools kept warm, by pool key, each with its replenisher's controls.
+    warm: std::sync::Mutex<std::collections::HashMap<String, WarmPool>>,
     /// Empty worker cgroups kept for the next workers.
     cgroup_spares: Arc<CgroupRecycler>,
     /// /dev/null, opened once: a worker's stdio when the caller gives none is copies of it
@@ -144,6 +146,15 @@ fn encode_setup(
         &SupervisorMessage::Setup(Box::new(spec)),
     )?);
     Ok(frames.into())
+}
+
+/// A pool kept warm by [`Supervisor::keep_warm`]: the profile its replenisher confines
+/// workers for, how many it keeps idle, and what stops it.
+#[derive(Debug)]
+struct WarmPool {
+    profile: Arc<CompiledProfile>,
+    idle: Arc<AtomicUsize>,
+    stop: CancelSignal,
 }
 
 /// A confined worker waiting for its one call.
@@ -449,6 +460,7 @@ impl Supervisor {
             active: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             pool: Pool::default(),
             pool_keys: PoolKeys::default(),
+            warm: std::sync::Mutex::default(),
             cgroup_spares: Arc::default(),
             null: open_null().ok(),
             setup_frames: SetupFrames::default(),
@@ -460,7 +472,15 @@ impl Supervisor {
     /// Cancels every running call, refuses new ones, and returns once every worker is
     /// reaped and its cgroup removed.
     pub async fn close(&self) {
-        self.closing.cancel();
+        {
+            // Under the lock `put_if_warm` holds: no replenisher adds a worker after the
+            // drain below.
+            let _warm = self
+                .warm
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.closing.cancel();
+        }
         for mut worker in self.pool.drain() {
             let _ = finish_worker(&mut worker.lease).await;
         }
@@ -626,9 +646,30 @@ impl Supervisor {
     }
 
     /// Keeps `idle` pre-confined workers of `profile` ready, replenishing off the critical
-    /// path until the supervisor closes. Every call still gets a fresh, single-use worker.
+    /// path until the supervisor closes or [`Supervisor::stop_warm`]. Every call still gets
+    /// a fresh, single-use worker. For a profile whose pool is already kept warm (the same
+    /// content: see `pool_key`) this only sets its size.
     pub fn keep_warm(self: &Arc<Self>, profile: Arc<CompiledProfile>, idle: usize) {
         let key = self.pool_keys.of(&profile);
+        let (target, stop) = {
+            let mut warm = self
+                .warm
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(pool) = warm.get(&key) {
+                pool.idle.store(idle, Ordering::Relaxed);
+                self.pool.replenish(&key);
+                return;
+            }
+            let pool = WarmPool {
+                profile: Arc::clone(&profile),
+                idle: Arc::new(AtomicUsize::new(idle)),
+                stop: CancelSignal::new(),
+            };
+            let controls = (Arc::clone(&pool.idle), pool.stop.clone());
+            warm.insert(key.clone(), pool);
+            controls
+        };
         let weak = Arc::downgrade(self);
         let notify = self.pool.notify_for(&key);
         tokio::spawn(async move {
@@ -636,14 +677,12 @@ impl Supervisor {
                 let Some(supervisor) = weak.upgrade() else {
                     return;
                 };
-                if supervisor.closing.is_cancelled() {
-                    return;
-                }
-                while supervisor.pool.idle_count(&key) < idle && !supervisor.closing.is_cancelled()
+                let ended = || supervisor.closing.is_cancelled() || stop.is_cancelled();
+                while !ended() && supervisor.pool.idle_count(&key) < target.load(Ordering::Relaxed)
                 {
                     // Confine the missing workers concurrently: clone is serialised in the
                     // spawner, but each worker's set-up runs in parallel in its own process.
-                    let missing = idle - supervisor.pool.idle_count(&key);
+                    let missing = target.load(Ordering::Relaxed) - supervisor.pool.idle_count(&key);
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                     let template = supervisor.root_template(&profile).await;
                     let mut batch = tokio::task::JoinSet::new();
@@ -671,7 +710,13 @@ impl Supervisor {
                             continue;
                         };
                         match outcome {
-                            Ok(worker) => supervisor.pool.put(&key, worker),
+                            Ok(worker) => {
+                                if let Some(mut unwanted) =
+                                    supervisor.put_if_warm(&key, &stop, worker)
+                                {
+                                    let _ = finish_worker(&mut unwanted.lease).await;
+                                }
+                            }
                             Err(PrepareError::Failed(_, mut lease)) => {
                                 let _ = finish_worker(&mut lease).await;
                                 failed = true;
@@ -693,10 +738,103 @@ impl Supervisor {
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                 }
+                if supervisor.closing.is_cancelled() {
+                    return;
+                }
+                if stop.is_cancelled() {
+                    // `stop_warm` forgot the template too; this drops one a batch running
+                    // meanwhile may have built.
+                    supervisor.templates.forget(&profile);
+                    return;
+                }
                 drop(supervisor);
-                notify.notified().await;
+                tokio::select! {
+                    () = notify.notified() => {}
+                    () = stop.cancelled() => {}
+                }
             }
         });
+    }
+
+    /// Adds `worker` to the pool of `key` if that pool is still kept warm by the
+    /// replenisher `stop` belongs to; else hands it back. One lock with `stop_warm`, so no
+    /// worker lands in a pool after it was emptied for good.
+    fn put_if_warm(
+        &self,
+        key: &str,
+        stop: &CancelSignal,
+        worker: ReadyWorker,
+    ) -> Option<ReadyWorker> {
+        let warm = self
+            .warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if stop.is_cancelled() || self.closing.is_cancelled() || !warm.contains_key(key) {
+            return Some(worker);
+        }
+        self.pool.put(key, worker);
+        None
+    }
+
+    /// Stops keeping `profile`'s workers warm: its replenisher ends, its idle workers are
+    /// killed and reaped before this returns, and its root template is dropped (its spawner
+    /// thread ends with the last worker using it). Calls of the profile spawn cold from
+    /// then on; a worker already taken by a call finishes that call.
+    pub async fn stop_warm(&self, profile: &Arc<CompiledProfile>) {
+        let key = self.pool_keys.of(profile);
+        self.stop_warm_key(&key).await;
+    }
+
+    async fn stop_warm_key(&self, key: &str) {
+        let (idle, pool) = {
+            let mut warm = self
+                .warm
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let Some(pool) = warm.remove(key) else {
+                return;
+            };
+            pool.stop.cancel();
+            (self.pool.remove(key), pool)
+        };
+        self.templates.forget(&pool.profile);
+        for mut worker in idle {
+            let _ = finish_worker(&mut worker.lease).await;
+        }
+    }
+
+    /// Keeps exactly `profiles` warm, `idle` workers each: the pools of every other profile
+    /// are stopped as by [`Supervisor::stop_warm`], the missing ones started. What a daemon
+    /// does when it reloads its policy: a profile whose content did not change keeps its
+    /// pool and its template; a changed or removed one no longer has idle workers waiting
+    /// for calls that cannot come (a changed profile's calls never take them: pools are by
+    /// content).
+    pub async fn warm_exactly(self: &Arc<Self>, profiles: &[Arc<CompiledProfile>], idle: usize) {
+        let wanted: Vec<String> = profiles.iter().map(|p| self.pool_keys.of(p)).collect();
+        let stale: Vec<String> = {
+            let warm = self
+                .warm
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            warm.keys()
+                .filter(|key| !wanted.contains(key))
+                .cloned()
+                .collect()
+        };
+        for key in stale {
+            self.stop_warm_key(&key).await;
+        }
+        for profile in profiles {
+            self.keep_warm(Arc::clone(profile), idle);
+        }
+    }
+
+    /// How many profiles' pools are kept warm now.
+    pub fn warm_pools(&self) -> usize {
+        self.warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     /// Pool counters.

@@ -306,6 +306,15 @@ impl Templates {
             .count()
     }
 
+    /// Forgets `profile`'s templates, for every network kind (their threads end with
+    /// their last worker): the profile is no longer kept warm.
+    pub fn forget(&self, profile: &Arc<CompiledProfile>) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(p, ..)| !Arc::ptr_eq(p, profile));
+    }
+
     /// Forgets every template (their threads end with their last worker).
     pub fn clear(&self) {
         self.0

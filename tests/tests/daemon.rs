@@ -159,6 +159,89 @@ fn sighup_reloads_a_valid_policy_and_keeps_the_old_one_when_invalid() {
     );
 }
 
+/// One JSON-lines request to the daemon on `socket`, and its answer.
+fn ask(socket: &Path, request: serde_json::Value) -> serde_json::Value {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream.write_all(format!("{request}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+/// The daemon's children that are idle pooled workers (argv[0] `airlock-worker`).
+fn pooled_workers(daemon: &Daemon) -> Vec<u32> {
+    let mut found = Vec::new();
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", daemon.child.id())).unwrap();
+    for task in tasks.flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for pid in children.split_whitespace().filter_map(|p| p.parse().ok()) {
+            if std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"airlock-worker\0"))
+            {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sighup_with_a_changed_profile_kills_its_idle_workers_and_warms_the_new_one() {
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = Daemon::start(&["--pool", "1"]);
+    let stats = || {
+        ask(
+            &daemon.socket,
+            serde_json::json!({"id": "s", "op": "stats"}),
+        )["result"]
+            .clone()
+    };
+    wait_until("the pool is warm", || stats()["pool"]["idle"] == 1);
+    let old_workers = pooled_workers(&daemon);
+    assert_eq!(old_workers.len(), 1, "{old_workers:?}");
+
+    // The same tools on a changed profile: a worker made for the old one can never serve
+    // them (pools are by content), so it must not idle on for nothing.
+    std::fs::write(&daemon.policy, POLICY.replace("16MiB", "32MiB")).unwrap();
+    daemon.signal(libc::SIGHUP);
+    wait_until("the old profile's idle worker is gone", || {
+        !std::path::Path::new(&format!("/proc/{}", old_workers[0])).exists()
+    });
+    wait_until("the new profile's pool is warm", || {
+        let workers = pooled_workers(&daemon);
+        workers.len() == 1 && stats()["pool"]["idle"] == 1
+    });
+    let answer = ask(
+        &daemon.socket,
+        serde_json::json!({"id": "c", "op": "call", "tool": "echo", "arguments": {"text": "hi"}}),
+    );
+    assert_eq!(answer["result"]["stdout"], "hi\n", "{answer}");
+    let after = stats();
+    assert_eq!(after["warm_pools"], 1, "{after}");
+    assert_eq!(
+        (
+            after["pool"]["hits"].as_u64(),
+            after["pool"]["misses"].as_u64()
+        ),
+        (Some(1), Some(0)),
+        "the call after the reload was not served by the new pool: {after}"
+    );
+}
+
 #[test]
 fn a_peer_with_a_foreign_uid_is_refused() {
     if !sandbox_available() {

@@ -253,3 +253,102 @@ env = {{ PATH = "/usr/bin:/bin" }}
     assert_eq!((stats.templates_built, stats.misses), (2, 0), "{stats:?}");
     pooled.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_ones() {
+    if !sandbox_available() {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    // What a daemon's reload gives it: profile `a` changed, `b` the same content in a new
+    // `Arc` (a policy compiled again).
+    let policy = |a_tmp: &str| {
+        let profile = |name: &str, tmp: &str| {
+            format!(
+                "[profiles.{name}]\nread = [\"/usr\"]\nread_optional = [\"/bin\", \"/lib\", \"/lib64\", \"/etc/ld.so.cache\"]\ntmpfs = {{ \"/tmp\" = \"{tmp}\" }}\nnetwork = \"none\"\n"
+            )
+        };
+        let text = format!(
+            "version = 1\n{}{}",
+            profile("a", a_tmp),
+            profile("b", "1MiB")
+        );
+        let policy = load_policy_str(&text, "warm.toml").unwrap().policy;
+        (
+            Arc::clone(&policy.profiles["a"]),
+            Arc::clone(&policy.profiles["b"]),
+        )
+    };
+    let supervisor = Arc::new(airlock_tests::supervisor());
+    let wait_for = |what: &'static str, done: fn(&airlock::pool::PoolStats) -> bool| {
+        let supervisor = Arc::clone(&supervisor);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !done(&supervisor.pool_stats()) {
+                assert!(
+                    Instant::now() < deadline,
+                    "timed out waiting until {what}: {:?}",
+                    supervisor.pool_stats()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+
+    let (a, b) = policy("1MiB");
+    supervisor
+        .warm_exactly(&[Arc::clone(&a), Arc::clone(&b)], 1)
+        .await;
+    wait_for("both pools are warm", |s| s.idle == 2).await;
+    assert_eq!(supervisor.warm_pools(), 2);
+    if root {
+        assert_eq!(supervisor.pool_stats().templates_ready, 2);
+    }
+
+    let (a2, b2) = policy("2MiB");
+    supervisor
+        .warm_exactly(&[Arc::clone(&a2), Arc::clone(&b2)], 1)
+        .await;
+    assert_eq!(supervisor.warm_pools(), 2);
+    wait_for("the new pool is warm", |s| s.idle == 2).await;
+    // And stays at two: `a`'s idle worker was killed, not left beside `a2`'s and `b`'s.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = supervisor.pool_stats();
+    assert_eq!(stats.idle, 2, "{stats:?}");
+    if root {
+        // a, b, then a2 — never b again: its pool and template stayed.
+        assert_eq!(
+            (stats.templates_built, stats.templates_ready),
+            (3, 2),
+            "{stats:?}"
+        );
+    }
+    let (hits, misses) = (stats.hits, stats.misses);
+    for profile in [&b2, &a2] {
+        let result = supervisor.run(run(profile, "true"), None).await;
+        assert!(result.ok, "{result:?}");
+    }
+    // The old `a` has no pool any more: its call is cold.
+    let old = supervisor.run(run(&a, "true"), None).await;
+    assert!(old.ok, "{old:?}");
+    let stats = supervisor.pool_stats();
+    assert_eq!(
+        (stats.hits, stats.misses),
+        (hits + 2, misses + 1),
+        "{stats:?}"
+    );
+
+    // Stopping one, by a profile of the same content: only the other's worker is left,
+    // however the stop met its replenisher (idle, or refilling after the call above).
+    supervisor.stop_warm(&b).await;
+    assert_eq!(supervisor.warm_pools(), 1);
+    wait_for("only a2's worker idles", |s| s.idle == 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stats = supervisor.pool_stats();
+    assert_eq!(stats.idle, 1, "a stopped pool was refilled: {stats:?}");
+    if root {
+        assert_eq!(stats.templates_ready, 1, "{stats:?}");
+    }
+    supervisor.close().await;
+}
