@@ -298,6 +298,9 @@ fn measure_daemon_memory(me: &Path, pool_workers: usize) -> Result<DaemonMemory,
             .arg(&socket)
             .arg("--pool")
             .arg(pool_workers.to_string())
+            // Exactly that many: the call below may find the pool still filling.
+            .arg("--pool-max")
+            .arg(pool_workers.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

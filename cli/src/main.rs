@@ -8,6 +8,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use airlock::audit::AuditSink;
+use airlock::pool::PoolSize;
 use airlock::{
     CallOptions, ErrorKind, Gate, SandboxRun, Supervisor, SupervisorOptions, ToolCall, ToolResult,
 };
@@ -123,7 +124,8 @@ enum Command {
     ///
     /// SIGTERM/SIGINT: stop accepting, let in-flight calls finish within --grace, kill the
     /// rest, remove the socket. SIGHUP: reload the policy file (an invalid one is refused
-    /// and the old one kept).
+    /// and the old one kept; unchanged profiles keep their pooled workers, the others'
+    /// are killed and new ones warmed).
     Serve {
         /// Policy file (reloaded on SIGHUP).
         #[arg(long)]
@@ -152,9 +154,14 @@ enum Command {
         /// Host uid of the sandbox's root when running as root (default 65534).
         #[arg(long)]
         sandbox_uid: Option<u32>,
-        /// Pre-confined idle workers kept per profile (0 disables the pool).
+        /// Pre-confined idle workers kept per profile at rest (0 with no --pool-max
+        /// disables the pool).
         #[arg(long, default_value_t = 2)]
         pool: usize,
+        /// The most idle workers a profile's pool grows to while calls find it empty
+        /// (default 4 × --pool); it halves back towards --pool after 10 s without one.
+        #[arg(long)]
+        pool_max: Option<usize>,
     },
     /// Measure start-up latency, throughput, kill latency and memory against a bare
     /// fork+exec and bubblewrap, interleaved in one run.
@@ -469,7 +476,8 @@ struct ServeFlags {
     audit: Option<PathBuf>,
     config: airlock::daemon::DaemonConfig,
     sandbox_uid: Option<u32>,
-    pool: usize,
+    /// `None`: no pool.
+    pool: Option<PoolSize>,
 }
 
 fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
@@ -505,9 +513,9 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
     runtime.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions { sandbox_host_id: flags.sandbox_uid, ..supervisor_options() })?);
-        if flags.pool > 0 {
+        if let Some(size) = flags.pool {
             // Warm every profile some tool uses; each call still gets a fresh worker.
-            supervisor.warm_exactly(&profiles_in_use(&loaded.policy), flags.pool).await;
+            supervisor.warm_exactly(&profiles_in_use(&loaded.policy), size).await;
         }
         let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy);
         if let Some(audit) = audit {
@@ -534,10 +542,10 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
                                 let in_use = profiles_in_use(&loaded.policy);
                                 gate.reload(loaded.policy);
                                 tracing::info!(policy = %policy_path.display(), "policy reloaded; pending approvals invalidated");
-                                if pool > 0 {
+                                if let Some(size) = pool {
                                     // Unchanged profiles keep their pools; changed and
                                     // removed ones' idle workers are killed, new ones warmed.
-                                    supervisor.warm_exactly(&in_use, pool).await;
+                                    supervisor.warm_exactly(&in_use, size).await;
                                 }
                             }
                             Err(e) => {
@@ -656,9 +664,16 @@ fn main() -> ExitCode {
             grace,
             sandbox_uid,
             pool,
+            pool_max,
         } => units::parse_duration(&grace)
             .map_err(|e| anyhow::anyhow!("--grace: {e}"))
             .and_then(|grace| {
+                // Default 4 × --pool within the limit; a --pool beyond it is refused below.
+                let max = pool_max.unwrap_or(pool.saturating_mul(4).min(PoolSize::LIMIT).max(pool));
+                let pool = (max > 0)
+                    .then(|| PoolSize::between(pool, max, PoolSize::DEFAULT_SHRINK_AFTER))
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("--pool/--pool-max: {e}"))?;
                 let mut config = airlock::daemon::DaemonConfig::new(socket);
                 config.allow_uids = allow_uids;
                 config.allow_gids = allow_gids;

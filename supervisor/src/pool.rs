@@ -5,9 +5,9 @@
 //! type so the bookkeeping is testable without sandboxes.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::Notify;
@@ -30,6 +30,167 @@ pub struct PoolStats {
     pub templates_built: u64,
     /// Root templates ready now.
     pub templates_ready: usize,
+    /// Idle workers the pools aim for now, over all profiles: their minimum at rest,
+    /// more after calls found a pool empty (see [`PoolSize`]).
+    pub idle_target: usize,
+}
+
+/// How many idle workers a profile's pool keeps: `min_idle` at rest; each call that finds
+/// it empty doubles the aim, up to `max_idle`, and after `shrink_after` without such a miss
+/// the aim halves again (the idle workers beyond it are killed), down to `min_idle`. So a
+/// gateway whose agent fans out ten calls at once pays cold starts for the first burst
+/// only, and a quiet one keeps only its minimum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSize {
+    min_idle: usize,
+    max_idle: usize,
+    shrink_after: Duration,
+}
+
+/// Why a [`PoolSize`] was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolSizeError {
+    /// The maximum is below the minimum.
+    #[error("the pool's maximum ({max}) is below its minimum ({min})")]
+    MaxBelowMin {
+        /// The minimum asked for.
+        min: usize,
+        /// The maximum asked for.
+        max: usize,
+    },
+    /// More idle workers than [`PoolSize::LIMIT`].
+    #[error("at most {limit} idle workers per profile (asked for {0})", limit = PoolSize::LIMIT)]
+    TooLarge(usize),
+    /// A shrink period of zero would undo every growth at once.
+    #[error("the pool's shrink period must be longer than zero")]
+    ZeroShrinkPeriod,
+}
+
+impl PoolSize {
+    /// The most idle workers a profile's pool may keep (each holds a few namespaces, a
+    /// cgroup and ~150 KiB of memory of its own).
+    pub const LIMIT: usize = 1024;
+    /// How long a grown pool waits without a miss before it halves.
+    pub const DEFAULT_SHRINK_AFTER: Duration = Duration::from_secs(10);
+
+    /// Always `idle` workers (no growth), at most [`PoolSize::LIMIT`].
+    pub fn fixed(idle: usize) -> Self {
+        let idle = idle.min(Self::LIMIT);
+        Self {
+            min_idle: idle,
+            max_idle: idle,
+            shrink_after: Self::DEFAULT_SHRINK_AFTER,
+        }
+    }
+
+    /// `min_idle` at rest, up to `max_idle` under bursts.
+    pub fn between(
+        min_idle: usize,
+        max_idle: usize,
+        shrink_after: Duration,
+    ) -> Result<Self, PoolSizeError> {
+        if max_idle < min_idle {
+            return Err(PoolSizeError::MaxBelowMin {
+                min: min_idle,
+                max: max_idle,
+            });
+        }
+        if max_idle > Self::LIMIT {
+            return Err(PoolSizeError::TooLarge(max_idle));
+        }
+        if shrink_after.is_zero() {
+            return Err(PoolSizeError::ZeroShrinkPeriod);
+        }
+        Ok(Self {
+            min_idle,
+            max_idle,
+            shrink_after,
+        })
+    }
+
+    /// The idle workers kept at rest.
+    pub fn min_idle(&self) -> usize {
+        self.min_idle
+    }
+
+    /// The most idle workers kept.
+    pub fn max_idle(&self) -> usize {
+        self.max_idle
+    }
+}
+
+/// A pool's current aim between its [`PoolSize`] bounds, moved by misses and by quiet.
+#[derive(Debug)]
+pub struct IdleTarget {
+    state: Mutex<TargetState>,
+}
+
+#[derive(Debug)]
+struct TargetState {
+    size: PoolSize,
+    target: usize,
+    /// The last miss, or the last shrink step: the next step is due `shrink_after` later.
+    since: Instant,
+}
+
+impl IdleTarget {
+    /// At `size`'s minimum.
+    pub fn new(size: PoolSize, now: Instant) -> Self {
+        Self {
+            state: Mutex::new(TargetState {
+                size,
+                target: size.min_idle,
+                since: now,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, TargetState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many idle workers to keep now.
+    pub fn get(&self) -> usize {
+        self.state().target
+    }
+
+    /// New bounds (the aim is clamped into them).
+    pub fn resize(&self, size: PoolSize) {
+        let mut state = self.state();
+        state.size = size;
+        state.target = state.target.clamp(size.min_idle, size.max_idle);
+    }
+
+    /// A call found the pool empty: aim for twice as many (at least one more), up to the
+    /// maximum. Whether the aim grew.
+    pub fn missed(&self, now: Instant) -> bool {
+        let mut state = self.state();
+        state.since = now;
+        let grown = (state.target.saturating_mul(2))
+            .max(state.target + 1)
+            .min(state.size.max_idle);
+        let grew = grown > state.target;
+        state.target = grown;
+        grew
+    }
+
+    /// When the next shrink step is due, if the aim is above the minimum.
+    pub fn shrink_due(&self) -> Option<Instant> {
+        let state = self.state();
+        (state.target > state.size.min_idle).then(|| state.since + state.size.shrink_after)
+    }
+
+    /// Halves the aim (down to the minimum) if a shrink step is due at `now`. Whether it
+    /// shrank.
+    pub fn shrink_if_due(&self, now: Instant) -> bool {
+        let mut state = self.state();
+        if state.target <= state.size.min_idle || now < state.since + state.size.shrink_after {
+            return false;
+        }
+        state.target = (state.target / 2).max(state.size.min_idle);
+        state.since = now;
+        true
+    }
 }
 
 #[derive(Debug)]
@@ -127,6 +288,12 @@ impl<W> Pool<W> {
     /// Counts a cold spawn of a call that could have used the pool.
     pub fn note_miss(&self) {
         self.misses.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes the newest idle worker of `key` out (not for a call: a pool that shrinks
+    /// kills it), without counting a hit or waking the replenisher.
+    pub fn evict(&self, key: &str) -> Option<W> {
+        self.slots.lock().ok()?.get_mut(key)?.idle.pop_back()
     }
 
     /// Unregisters `key`: its idle workers, removed from the pool, and its replenisher
@@ -240,6 +407,67 @@ mod tests {
         assert_eq!((pool.idle_count("a"), pool.idle_count("b")), (0, 1));
         assert_eq!(pool.take("a"), None);
         assert!(pool.remove("a").is_empty());
+    }
+
+    #[test]
+    fn a_pool_size_refuses_a_maximum_below_its_minimum_too_many_workers_and_a_zero_period() {
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            PoolSize::between(4, 2, second),
+            Err(PoolSizeError::MaxBelowMin { min: 4, max: 2 })
+        );
+        assert_eq!(
+            PoolSize::between(1, PoolSize::LIMIT + 1, second),
+            Err(PoolSizeError::TooLarge(PoolSize::LIMIT + 1))
+        );
+        assert_eq!(PoolSize::fixed(usize::MAX).max_idle(), PoolSize::LIMIT);
+        assert_eq!(
+            PoolSize::between(1, 2, Duration::ZERO),
+            Err(PoolSizeError::ZeroShrinkPeriod)
+        );
+        let size = PoolSize::between(0, 3, second).unwrap();
+        assert_eq!((size.min_idle(), size.max_idle()), (0, 3));
+    }
+
+    #[test]
+    fn misses_double_the_aim_up_to_the_maximum_and_quiet_halves_it_back_to_the_minimum() {
+        let period = Duration::from_secs(10);
+        let start = Instant::now();
+        let target = IdleTarget::new(PoolSize::between(2, 10, period).unwrap(), start);
+        assert_eq!((target.get(), target.shrink_due()), (2, None));
+        assert!(target.missed(start));
+        assert_eq!(target.get(), 4);
+        assert!(target.missed(start));
+        assert!(target.missed(start));
+        assert_eq!(target.get(), 10, "capped at the maximum");
+        assert!(!target.missed(start), "no growth past the maximum");
+        assert_eq!(target.shrink_due(), Some(start + period));
+        // Not before the period is over; then one halving per period.
+        assert!(!target.shrink_if_due(start + period / 2));
+        assert!(target.shrink_if_due(start + period));
+        assert_eq!(target.get(), 5);
+        assert!(!target.shrink_if_due(start + period + period / 2));
+        assert!(target.shrink_if_due(start + 2 * period));
+        assert_eq!(target.get(), 2, "5 halves to 2: never below the minimum");
+        assert_eq!(target.shrink_due(), None);
+        assert!(!target.shrink_if_due(start + 9 * period));
+        // A miss restarts the period; zero grows to one.
+        let empty = IdleTarget::new(PoolSize::between(0, 1, period).unwrap(), start);
+        assert!(empty.missed(start));
+        assert_eq!(empty.get(), 1);
+        // Resizing clamps the aim.
+        target.resize(PoolSize::fixed(1));
+        assert_eq!(target.get(), 1);
+    }
+
+    #[test]
+    fn evicting_takes_the_newest_without_counting_a_hit() {
+        let pool: Pool<u32> = Pool::default();
+        pool.put("p", 1);
+        pool.put("p", 2);
+        assert_eq!(pool.evict("p"), Some(2));
+        assert_eq!(pool.evict("q"), None);
+        assert_eq!((pool.idle_count("p"), pool.stats().hits), (1, 0));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use airlock_policy::CompiledProfile;
@@ -19,7 +19,7 @@ use airlock_protocol::{
 use crate::cancel::CancelSignal;
 use crate::cgroup::{CgroupLimits, CgroupParent, CgroupRecycler, CgroupStats, WorkerCgroup};
 use crate::channel::{ChannelError, WorkerChannel};
-use crate::pool::{Pool, PoolStats};
+use crate::pool::{IdleTarget, Pool, PoolSize, PoolStats};
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
 use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawner, WorkerImage, WorkerNetwork};
 use crate::sys;
@@ -148,12 +148,12 @@ fn encode_setup(
     Ok(frames.into())
 }
 
-/// A pool kept warm by [`Supervisor::keep_warm`]: the profile its replenisher confines
-/// workers for, how many it keeps idle, and what stops it.
+/// A pool kept warm by [`Supervisor::keep_warm_sized`]: the profile its replenisher
+/// confines workers for, how many it keeps idle now, and what stops it.
 #[derive(Debug)]
 struct WarmPool {
     profile: Arc<CompiledProfile>,
-    idle: Arc<AtomicUsize>,
+    target: Arc<IdleTarget>,
     stop: CancelSignal,
 }
 
@@ -555,6 +555,7 @@ impl Supervisor {
             None => {
                 if run.inherit_stdio.is_none() {
                     self.pool.note_miss();
+                    self.grow_pool(&key);
                 }
                 // A cold call sends its Run right behind the Setup: the worker finds it
                 // waiting when it is ready, one wake-up round trip sooner. Not under a CPU
@@ -645,11 +646,17 @@ impl Supervisor {
         result
     }
 
-    /// Keeps `idle` pre-confined workers of `profile` ready, replenishing off the critical
-    /// path until the supervisor closes or [`Supervisor::stop_warm`]. Every call still gets
-    /// a fresh, single-use worker. For a profile whose pool is already kept warm (the same
-    /// content: see `pool_key`) this only sets its size.
+    /// Keeps `idle` pre-confined workers of `profile` ready (at most [`PoolSize::LIMIT`]),
+    /// replenishing off the critical path until the supervisor closes or
+    /// [`Supervisor::stop_warm`]. Every call still gets a fresh, single-use worker.
     pub fn keep_warm(self: &Arc<Self>, profile: Arc<CompiledProfile>, idle: usize) {
+        self.keep_warm_sized(profile, PoolSize::fixed(idle));
+    }
+
+    /// As [`Supervisor::keep_warm`], with a pool that grows under bursts of calls and
+    /// shrinks back when they stop (see [`PoolSize`]). For a profile whose pool is already
+    /// kept warm (the same content: see `pool_key`) this only sets its size.
+    pub fn keep_warm_sized(self: &Arc<Self>, profile: Arc<CompiledProfile>, size: PoolSize) {
         let key = self.pool_keys.of(&profile);
         let (target, stop) = {
             let mut warm = self
@@ -657,16 +664,16 @@ impl Supervisor {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(pool) = warm.get(&key) {
-                pool.idle.store(idle, Ordering::Relaxed);
+                pool.target.resize(size);
                 self.pool.replenish(&key);
                 return;
             }
             let pool = WarmPool {
                 profile: Arc::clone(&profile),
-                idle: Arc::new(AtomicUsize::new(idle)),
+                target: Arc::new(IdleTarget::new(size, Instant::now())),
                 stop: CancelSignal::new(),
             };
-            let controls = (Arc::clone(&pool.idle), pool.stop.clone());
+            let controls = (Arc::clone(&pool.target), pool.stop.clone());
             warm.insert(key.clone(), pool);
             controls
         };
@@ -677,12 +684,22 @@ impl Supervisor {
                 let Some(supervisor) = weak.upgrade() else {
                     return;
                 };
+                if target.shrink_if_due(Instant::now()) {
+                    // Quiet for a while after a burst: back towards the minimum.
+                    while supervisor.pool.idle_count(&key) > target.get() {
+                        let Some(mut spare) = supervisor.pool.evict(&key) else {
+                            break;
+                        };
+                        let _ = finish_worker(&mut spare.lease).await;
+                    }
+                }
                 let ended = || supervisor.closing.is_cancelled() || stop.is_cancelled();
-                while !ended() && supervisor.pool.idle_count(&key) < target.load(Ordering::Relaxed)
-                {
+                while !ended() && supervisor.pool.idle_count(&key) < target.get() {
                     // Confine the missing workers concurrently: clone is serialised in the
                     // spawner, but each worker's set-up runs in parallel in its own process.
-                    let missing = target.load(Ordering::Relaxed) - supervisor.pool.idle_count(&key);
+                    let missing = target
+                        .get()
+                        .saturating_sub(supervisor.pool.idle_count(&key));
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                     let template = supervisor.root_template(&profile).await;
                     let mut batch = tokio::task::JoinSet::new();
@@ -748,12 +765,34 @@ impl Supervisor {
                     return;
                 }
                 drop(supervisor);
+                let shrink_due = target.shrink_due();
+                let shrink = async {
+                    match shrink_due {
+                        Some(due) => tokio::time::sleep_until(due.into()).await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     () = notify.notified() => {}
                     () = stop.cancelled() => {}
+                    () = shrink => {}
                 }
             }
         });
+    }
+
+    /// A call found `key`'s pool empty: if it is kept warm, it aims higher (up to its
+    /// maximum) and its replenisher starts on the difference now.
+    fn grow_pool(&self, key: &str) {
+        let warm = self
+            .warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(pool) = warm.get(key)
+            && pool.target.missed(Instant::now())
+        {
+            self.pool.replenish(key);
+        }
     }
 
     /// Adds `worker` to the pool of `key` if that pool is still kept warm by the
@@ -803,13 +842,13 @@ impl Supervisor {
         }
     }
 
-    /// Keeps exactly `profiles` warm, `idle` workers each: the pools of every other profile
+    /// Keeps exactly `profiles` warm, each pool of `size`: the pools of every other profile
     /// are stopped as by [`Supervisor::stop_warm`], the missing ones started. What a daemon
     /// does when it reloads its policy: a profile whose content did not change keeps its
     /// pool and its template; a changed or removed one no longer has idle workers waiting
     /// for calls that cannot come (a changed profile's calls never take them: pools are by
     /// content).
-    pub async fn warm_exactly(self: &Arc<Self>, profiles: &[Arc<CompiledProfile>], idle: usize) {
+    pub async fn warm_exactly(self: &Arc<Self>, profiles: &[Arc<CompiledProfile>], size: PoolSize) {
         let wanted: Vec<String> = profiles.iter().map(|p| self.pool_keys.of(p)).collect();
         let stale: Vec<String> = {
             let warm = self
@@ -825,7 +864,7 @@ impl Supervisor {
             self.stop_warm_key(&key).await;
         }
         for profile in profiles {
-            self.keep_warm(Arc::clone(profile), idle);
+            self.keep_warm_sized(Arc::clone(profile), size);
         }
     }
 
@@ -844,6 +883,13 @@ impl Supervisor {
             cgroups_kept: self.cgroup_spares.len(),
             templates_built: self.templates_built.load(Ordering::Relaxed),
             templates_ready: self.templates.ready(),
+            idle_target: self
+                .warm
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .map(|pool| pool.target.get())
+                .sum(),
             ..self.pool.stats()
         }
     }

@@ -243,6 +243,40 @@ fn sighup_with_a_changed_profile_kills_its_idle_workers_and_warms_the_new_one() 
 }
 
 #[test]
+fn serve_refuses_a_pool_maximum_below_its_minimum_or_beyond_the_limit() {
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--pool", "4", "--pool-max", "2"],
+            "maximum (2) is below its minimum (4)",
+        ),
+        (
+            &["--pool", "1", "--pool-max", "5000"],
+            "at most 1024 idle workers",
+        ),
+        (&["--pool", "5000"], "at most 1024 idle workers"),
+    ];
+    for (flags, expected) in cases {
+        let out = Command::new(airlock_bin())
+            .args([
+                "serve",
+                "--policy",
+                "/nonexistent.toml",
+                "--socket",
+                "/nonexistent.sock",
+            ])
+            .args(flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{stderr}");
+        assert!(
+            stderr.contains("--pool/--pool-max") && stderr.contains(expected),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
 fn a_peer_with_a_foreign_uid_is_refused() {
     if !sandbox_available() {
         return;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock::SandboxRun;
+use airlock::pool::PoolSize;
 use airlock_policy::load_policy_str;
 use airlock_tests::sandbox_available;
 
@@ -298,7 +299,7 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
 
     let (a, b) = policy("1MiB");
     supervisor
-        .warm_exactly(&[Arc::clone(&a), Arc::clone(&b)], 1)
+        .warm_exactly(&[Arc::clone(&a), Arc::clone(&b)], PoolSize::fixed(1))
         .await;
     wait_for("both pools are warm", |s| s.idle == 2).await;
     assert_eq!(supervisor.warm_pools(), 2);
@@ -308,7 +309,7 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
 
     let (a2, b2) = policy("2MiB");
     supervisor
-        .warm_exactly(&[Arc::clone(&a2), Arc::clone(&b2)], 1)
+        .warm_exactly(&[Arc::clone(&a2), Arc::clone(&b2)], PoolSize::fixed(1))
         .await;
     assert_eq!(supervisor.warm_pools(), 2);
     wait_for("the new pool is warm", |s| s.idle == 2).await;
@@ -350,5 +351,94 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
     if root {
         assert_eq!(stats.templates_ready, 1, "{stats:?}");
     }
+    supervisor.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop() {
+    if !sandbox_available() {
+        return;
+    }
+    let policy = load_policy_str(
+        airlock_policy::presets::preset_text("default").unwrap(),
+        "default",
+    )
+    .unwrap()
+    .policy;
+    let profile = Arc::clone(&policy.profiles["default"]);
+    let supervisor = Arc::new(airlock_tests::supervisor());
+    // Long enough for a burst and a refill under emulation (the VM matrix runs this too).
+    let quiet = Duration::from_secs(5);
+    supervisor.keep_warm_sized(
+        Arc::clone(&profile),
+        PoolSize::between(1, 4, quiet).unwrap(),
+    );
+    let wait_for = |what: &'static str, done: fn(&airlock::pool::PoolStats) -> bool| {
+        let supervisor = Arc::clone(&supervisor);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !done(&supervisor.pool_stats()) {
+                assert!(
+                    Instant::now() < deadline,
+                    "timed out waiting until {what}: {:?}",
+                    supervisor.pool_stats()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    wait_for("the minimum is idle", |s| s.idle == 1).await;
+    assert_eq!(supervisor.pool_stats().idle_target, 1);
+
+    // A burst of four calls at once: one pooled, the others cold, and each miss doubles
+    // the aim, up to the maximum.
+    let burst: Vec<_> = (0..4)
+        .map(|_| {
+            let supervisor = Arc::clone(&supervisor);
+            let profile = Arc::clone(&profile);
+            tokio::spawn(async move { supervisor.run(run(&profile, "sleep 0.3"), None).await })
+        })
+        .collect();
+    for call in burst {
+        let result = call.await.unwrap();
+        assert!(result.ok, "{result:?}");
+    }
+    let stats = supervisor.pool_stats();
+    assert!(stats.misses >= 1, "{stats:?}");
+    assert_eq!(stats.idle_target, 4, "{stats:?}");
+    wait_for("the grown pool is idle", |s| s.idle == 4).await;
+
+    // The next burst of the same size finds a worker for every call.
+    let misses = supervisor.pool_stats().misses;
+    let burst: Vec<_> = (0..4)
+        .map(|_| {
+            let supervisor = Arc::clone(&supervisor);
+            let profile = Arc::clone(&profile);
+            tokio::spawn(async move { supervisor.run(run(&profile, "true"), None).await })
+        })
+        .collect();
+    for call in burst {
+        assert!(call.await.unwrap().ok);
+    }
+    assert_eq!(
+        supervisor.pool_stats().misses,
+        misses,
+        "{:?}",
+        supervisor.pool_stats()
+    );
+
+    // Quiet: the aim halves once per period, 4 -> 2 -> 1, and the idle workers above it
+    // are killed.
+    wait_for("the pool is back at its minimum", |s| {
+        s.idle_target == 1 && s.idle == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        supervisor.pool_stats().idle,
+        1,
+        "{:?}",
+        supervisor.pool_stats()
+    );
     supervisor.close().await;
 }
