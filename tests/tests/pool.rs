@@ -24,6 +24,30 @@ fn run(profile: &Arc<airlock_policy::CompiledProfile>, script: &str) -> SandboxR
     }
 }
 
+/// Waits (up to 20 s) until the supervisor's pool counters satisfy `done`.
+async fn wait_for(
+    supervisor: &airlock::Supervisor,
+    what: &str,
+    done: impl Fn(&airlock::pool::PoolStats) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done(&supervisor.pool_stats()) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting until {what}: {:?}",
+            supervisor.pool_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The embedded default preset's profile, as `airlock exec` uses it.
+fn default_profile() -> Arc<airlock_policy::CompiledProfile> {
+    let text = airlock_policy::presets::preset_text("default").unwrap();
+    let policy = load_policy_str(text, "default").unwrap().policy;
+    Arc::clone(&policy.profiles["default"])
+}
+
 const INSIDE: &str = "cat /proc/self/uid_map; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; cat /proc/sys/kernel/hostname; cut -d' ' -f5 /proc/self/mountinfo | sort; ls /proc/self/fd; echo x > /usr/x 2>/dev/null || echo ro; echo $$";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,13 +55,7 @@ async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
     if !sandbox_available() {
         return;
     }
-    let policy = load_policy_str(
-        airlock_policy::presets::preset_text("default").unwrap(),
-        "default",
-    )
-    .unwrap()
-    .policy;
-    let profile = Arc::clone(&policy.profiles["default"]);
+    let profile = default_profile();
     let cold = airlock_tests::supervisor();
     let cold_result = cold.run(run(&profile, INSIDE), None).await;
     assert!(cold_result.ok, "{cold_result:?}");
@@ -282,26 +300,12 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
         )
     };
     let supervisor = Arc::new(airlock_tests::supervisor());
-    let wait_for = |what: &'static str, done: fn(&airlock::pool::PoolStats) -> bool| {
-        let supervisor = Arc::clone(&supervisor);
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !done(&supervisor.pool_stats()) {
-                assert!(
-                    Instant::now() < deadline,
-                    "timed out waiting until {what}: {:?}",
-                    supervisor.pool_stats()
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
 
     let (a, b) = policy("1MiB");
     supervisor
         .warm_exactly(&[Arc::clone(&a), Arc::clone(&b)], PoolSize::fixed(1))
         .await;
-    wait_for("both pools are warm", |s| s.idle == 2).await;
+    wait_for(&supervisor, "both pools are warm", |s| s.idle == 2).await;
     assert_eq!(supervisor.warm_pools(), 2);
     if root {
         assert_eq!(supervisor.pool_stats().templates_ready, 2);
@@ -312,7 +316,7 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
         .warm_exactly(&[Arc::clone(&a2), Arc::clone(&b2)], PoolSize::fixed(1))
         .await;
     assert_eq!(supervisor.warm_pools(), 2);
-    wait_for("the new pool is warm", |s| s.idle == 2).await;
+    wait_for(&supervisor, "the new pool is warm", |s| s.idle == 2).await;
     // And stays at two: `a`'s idle worker was killed, not left beside `a2`'s and `b`'s.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stats = supervisor.pool_stats();
@@ -344,7 +348,7 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
     // however the stop met its replenisher (idle, or refilling after the call above).
     supervisor.stop_warm(&b).await;
     assert_eq!(supervisor.warm_pools(), 1);
-    wait_for("only a2's worker idles", |s| s.idle == 1).await;
+    wait_for(&supervisor, "only a2's worker idles", |s| s.idle == 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stats = supervisor.pool_stats();
     assert_eq!(stats.idle, 1, "a stopped pool was refilled: {stats:?}");
@@ -359,13 +363,7 @@ async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop(
     if !sandbox_available() {
         return;
     }
-    let policy = load_policy_str(
-        airlock_policy::presets::preset_text("default").unwrap(),
-        "default",
-    )
-    .unwrap()
-    .policy;
-    let profile = Arc::clone(&policy.profiles["default"]);
+    let profile = default_profile();
     let supervisor = Arc::new(airlock_tests::supervisor());
     // Long enough for a burst and a refill under emulation (the VM matrix runs this too).
     let quiet = Duration::from_secs(5);
@@ -373,21 +371,7 @@ async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop(
         Arc::clone(&profile),
         PoolSize::between(1, 4, quiet).unwrap(),
     );
-    let wait_for = |what: &'static str, done: fn(&airlock::pool::PoolStats) -> bool| {
-        let supervisor = Arc::clone(&supervisor);
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !done(&supervisor.pool_stats()) {
-                assert!(
-                    Instant::now() < deadline,
-                    "timed out waiting until {what}: {:?}",
-                    supervisor.pool_stats()
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
-    wait_for("the minimum is idle", |s| s.idle == 1).await;
+    wait_for(&supervisor, "the minimum is idle", |s| s.idle == 1).await;
     assert_eq!(supervisor.pool_stats().idle_target, 1);
 
     // A burst of four calls at once: one pooled, the others cold, and each miss doubles
@@ -406,7 +390,7 @@ async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop(
     let stats = supervisor.pool_stats();
     assert!(stats.misses >= 1, "{stats:?}");
     assert_eq!(stats.idle_target, 4, "{stats:?}");
-    wait_for("the grown pool is idle", |s| s.idle == 4).await;
+    wait_for(&supervisor, "the grown pool is idle", |s| s.idle == 4).await;
 
     // The next burst of the same size finds a worker for every call.
     let misses = supervisor.pool_stats().misses;
@@ -429,7 +413,7 @@ async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop(
 
     // Quiet: the aim halves once per period, 4 -> 2 -> 1, and the idle workers above it
     // are killed.
-    wait_for("the pool is back at its minimum", |s| {
+    wait_for(&supervisor, "the pool is back at its minimum", |s| {
         s.idle_target == 1 && s.idle == 1
     })
     .await;
