@@ -41,6 +41,26 @@ async fn wait_for(
     }
 }
 
+/// `calls` calls of `script` at once; every one must succeed.
+async fn burst(
+    supervisor: &Arc<airlock::Supervisor>,
+    profile: &Arc<airlock_policy::CompiledProfile>,
+    script: &'static str,
+    calls: usize,
+) {
+    let running: Vec<_> = (0..calls)
+        .map(|_| {
+            let supervisor = Arc::clone(supervisor);
+            let profile = Arc::clone(profile);
+            tokio::spawn(async move { supervisor.run(run(&profile, script), None).await })
+        })
+        .collect();
+    for call in running {
+        let result = call.await.unwrap();
+        assert!(result.ok, "{result:?}");
+    }
+}
+
 /// The embedded default preset's profile, as `airlock exec` uses it.
 fn default_profile() -> Arc<airlock_policy::CompiledProfile> {
     let text = airlock_policy::presets::preset_text("default").unwrap();
@@ -376,17 +396,7 @@ async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop(
 
     // A burst of four calls at once: one pooled, the others cold, and each miss doubles
     // the aim, up to the maximum.
-    let burst: Vec<_> = (0..4)
-        .map(|_| {
-            let supervisor = Arc::clone(&supervisor);
-            let profile = Arc::clone(&profile);
-            tokio::spawn(async move { supervisor.run(run(&profile, "sleep 0.3"), None).await })
-        })
-        .collect();
-    for call in burst {
-        let result = call.await.unwrap();
-        assert!(result.ok, "{result:?}");
-    }
+    burst(&supervisor, &profile, "sleep 0.3", 4).await;
     let stats = supervisor.pool_stats();
     assert!(stats.misses >= 1, "{stats:?}");
     assert_eq!(stats.idle_target, 4, "{stats:?}");
@@ -394,16 +404,7 @@ async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop(
 
     // The next burst of the same size finds a worker for every call.
     let misses = supervisor.pool_stats().misses;
-    let burst: Vec<_> = (0..4)
-        .map(|_| {
-            let supervisor = Arc::clone(&supervisor);
-            let profile = Arc::clone(&profile);
-            tokio::spawn(async move { supervisor.run(run(&profile, "true"), None).await })
-        })
-        .collect();
-    for call in burst {
-        assert!(call.await.unwrap().ok);
-    }
+    burst(&supervisor, &profile, "true", 4).await;
     assert_eq!(
         supervisor.pool_stats().misses,
         misses,
