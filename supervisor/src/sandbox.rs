@@ -21,7 +21,9 @@ use crate::cgroup::{CgroupLimits, CgroupParent, CgroupRecycler, CgroupStats, Wor
 use crate::channel::{ChannelError, WorkerChannel};
 use crate::pool::{IdleTarget, Pool, PoolSize, PoolStats};
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
-use crate::spawn::{IdMapping, SpawnError, SpawnRequest, Spawner, WorkerImage, WorkerNetwork};
+use crate::spawn::{
+    IdMapping, PendingSpawn, SpawnError, SpawnRequest, Spawned, Spawner, WorkerImage, WorkerNetwork,
+};
 use crate::sys;
 use crate::template::{
     Lookup, RootTemplate, TemplateError, Templates, source_identities, split_plan,
@@ -302,6 +304,9 @@ enum Conversation {
 #[derive(Debug)]
 struct WorkerLease {
     pidfd: Option<OwnedFd>,
+    /// The spawn of the worker while the spawner has not answered; a lease given up then
+    /// leaves its clean-up to [`PendingSpawn::abandon`], which waits for that worker.
+    spawning: Option<PendingSpawn>,
     cgroup: Option<WorkerCgroup>,
     /// Where the cgroup goes once the worker is reaped (it decides whether to keep it).
     recycler: Arc<CgroupRecycler>,
@@ -336,6 +341,11 @@ impl WorkerLease {
     /// still not be reaped (it did not end within the wait of [`wait_for_exit`]), both are
     /// handed to a background clean-up rather than leaving a zombie.
     fn release(&mut self) {
+        if let Some(spawning) = self.spawning.take() {
+            let (cgroup, recycler) = (self.cgroup.take(), Arc::clone(&self.recycler));
+            spawning.abandon(move || recycle_or_remove(&recycler, cgroup));
+            return;
+        }
         if let Some(pidfd) = self.pidfd.take()
             && matches!(sys::try_reap_pidfd(&pidfd), Ok(None))
         {
@@ -344,13 +354,24 @@ impl WorkerLease {
             crate::spawn::clean_up_in_background(Some(pidfd), move || remove_cgroup(cgroup));
             return;
         }
-        if let Some(Err(e)) = self
-            .cgroup
-            .take()
-            .map(|cgroup| self.recycler.recycle_or_remove(cgroup))
-        {
-            tracing::warn!(error = %error_chain(&e), "cgroup left behind");
-        }
+        recycle_or_remove(&self.recycler, self.cgroup.take());
+    }
+
+    /// Waits for the spawner's answer, which the lease holds meanwhile: a caller that
+    /// gives up (or drops this future) leaves the spawn to the lease's clean-up.
+    async fn spawned(&mut self) -> Result<Spawned, SpawnError> {
+        let Some(spawning) = self.spawning.as_mut() else {
+            return Err(SpawnError::SpawnerGone);
+        };
+        let spawned = spawning.await;
+        self.spawning = None;
+        spawned
+    }
+}
+
+fn recycle_or_remove(recycler: &CgroupRecycler, cgroup: Option<WorkerCgroup>) {
+    if let Some(Err(e)) = cgroup.map(|cgroup| recycler.recycle_or_remove(cgroup)) {
+        tracing::warn!(error = %error_chain(&e), "cgroup left behind");
     }
 }
 
@@ -362,12 +383,17 @@ fn remove_cgroup(cgroup: Option<WorkerCgroup>) {
 
 impl Drop for WorkerLease {
     fn drop(&mut self) {
-        if self.pidfd.is_none() && self.cgroup.is_none() {
+        if self.pidfd.is_none() && self.cgroup.is_none() && self.spawning.is_none() {
             return;
         }
         self.kill();
         let cgroup = self.cgroup.take();
-        crate::spawn::clean_up_in_background(self.pidfd.take(), move || remove_cgroup(cgroup));
+        match self.spawning.take() {
+            Some(spawning) => spawning.abandon(move || remove_cgroup(cgroup)),
+            None => crate::spawn::clean_up_in_background(self.pidfd.take(), move || {
+                remove_cgroup(cgroup)
+            }),
+        }
     }
 }
 
@@ -1029,6 +1055,7 @@ impl Supervisor {
             .map_err(PrepareError::Rejected)?;
         let mut lease = WorkerLease {
             pidfd: None,
+            spawning: None,
             cgroup,
             recycler: Arc::clone(&self.cgroup_spares),
             _template: template.cloned(),
@@ -1071,8 +1098,8 @@ impl Supervisor {
         };
         // The deadline, a cancellation and close bound the spawn and the exec too: on a
         // loaded machine either can stall, and the call must still end on time. A spawn
-        // abandoned here is killed and reaped through its `ChildProcess` when the spawner's
-        // reply is dropped; an abandoned exec through the lease.
+        // abandoned here is killed and reaped once the spawner answers, and only then is
+        // its cgroup removed (see `PendingSpawn`); an abandoned exec through the lease.
         let spawn_failed = |e: SpawnError| {
             let mut error = unavailable("spawn", error_chain(&e));
             error.transient = e.is_transient();
@@ -1080,16 +1107,19 @@ impl Supervisor {
         };
         // A template's workers come from its thread and get its frames, never the others:
         // a worker told its root is a template's must be in a copy of that namespace.
+        let submitted = match template {
+            Some(template) => template.spawner.submit(request),
+            None => self.spawner.submit(request),
+        };
+        lease.spawning = Some(submitted.map_err(spawn_failed)?);
         // Pinned in place: moved by value, these large futures overflowed a debug build's
         // 2 MiB runtime thread stack.
-        let spawn = async {
-            match template {
-                Some(template) => template.spawner.spawn(request).await,
-                None => self.spawner.spawn(request).await,
-            }
+        let spawned = {
+            let spawn = lease.spawned();
+            tokio::pin!(spawn);
+            self.unless_given_up(spawn, deadline, cancel).await
         };
-        tokio::pin!(spawn);
-        let spawned = match self.unless_given_up(spawn, deadline, cancel).await {
+        let spawned = match spawned {
             Ok(spawned) => spawned.map_err(spawn_failed)?,
             Err(gave_up) => return Err(failed(gave_up, lease)),
         };

@@ -292,13 +292,21 @@ static BACKGROUND_CLEANUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::
 /// end and reaps it — without a time limit, since giving up would leave a zombie — and then
 /// runs `then` (removing its cgroup, which must be empty first).
 pub(crate) fn clean_up_in_background(pidfd: Option<OwnedFd>, then: impl FnOnce() + Send + 'static) {
-    use std::sync::atomic::Ordering;
-    BACKGROUND_CLEANUPS.fetch_add(1, Ordering::SeqCst);
-    let job = move || {
+    in_background(move || {
         if let Some(pidfd) = &pidfd {
             sys::reap_pidfd_blocking(pidfd);
         }
         then();
+    });
+}
+
+/// Runs `job` on a short-lived thread, counted among the background clean-ups that
+/// [`crate::Supervisor::close`] waits for.
+fn in_background(job: impl FnOnce() + Send + 'static) {
+    use std::sync::atomic::Ordering;
+    BACKGROUND_CLEANUPS.fetch_add(1, Ordering::SeqCst);
+    let job = move || {
+        job();
         BACKGROUND_CLEANUPS.fetch_sub(1, Ordering::SeqCst);
         SETTLED.notify_waiters();
     };
@@ -354,6 +362,47 @@ pub async fn await_exec(report: OwnedFd) -> Result<(), SpawnError> {
 }
 
 type Reply = tokio::sync::oneshot::Sender<Result<Spawned, SpawnError>>;
+
+/// A spawn request the spawner thread has been given: await it for the worker, or give it
+/// up with [`PendingSpawn::abandon`]. The worker may be cloned into its cgroup after the
+/// caller stopped waiting, so whatever the caller set up for it (the cgroup) must outlive
+/// that worker: `abandon` runs the caller's clean-up only once the worker, if one was
+/// made, is killed and reaped. (Removing the cgroup at once raced the clone: under qemu's
+/// emulation a worker cloned 100 ms later kept its cgroup busy past rmdir's retries.)
+#[derive(Debug)]
+pub struct PendingSpawn {
+    answer: tokio::sync::oneshot::Receiver<Result<Spawned, SpawnError>>,
+}
+
+impl std::future::Future for PendingSpawn {
+    type Output = Result<Spawned, SpawnError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.answer)
+            .poll(cx)
+            .map(|answer| answer.unwrap_or(Err(SpawnError::SpawnerGone)))
+    }
+}
+
+impl PendingSpawn {
+    /// Gives the spawn up: on a background thread, waits for the spawner's answer, kills
+    /// and reaps the worker it made (if any), then runs `then`.
+    pub fn abandon(self, then: impl FnOnce() + Send + 'static) {
+        let answer = self.answer;
+        in_background(move || {
+            if let Ok(Ok(spawned)) = answer.blocking_recv()
+                && let Some(pidfd) = spawned.child.into_pidfd()
+            {
+                let _ = sys::signal_pidfd(&pidfd, libc::SIGKILL);
+                sys::reap_pidfd_blocking(&pidfd);
+            }
+            then();
+        });
+    }
+}
 
 /// A spawn request on its way through the spawner, counted among the background clean-ups
 /// until its reply has been sent or dropped. A caller that gives up on a call while the
@@ -424,8 +473,8 @@ pub struct TemplateSpawner {
 
 impl TemplateSpawner {
     /// Starts one worker in a copy of the template's mount namespace.
-    pub async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
-        self.thread.spawn(request).await
+    pub fn submit(&self, request: SpawnRequest) -> Result<PendingSpawn, SpawnError> {
+        self.thread.submit(request)
     }
 }
 
@@ -547,14 +596,14 @@ impl SpawnerThread {
         }
     }
 
-    async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
+    fn submit(&self, request: SpawnRequest) -> Result<PendingSpawn, SpawnError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.requests
             .as_ref()
             .ok_or(SpawnError::SpawnerGone)?
             .send((request, reply, SpawnInFlight::enter()))
             .map_err(|_| SpawnError::SpawnerGone)?;
-        answer.await.map_err(|_| SpawnError::SpawnerGone)?
+        Ok(PendingSpawn { answer })
     }
 }
 
@@ -641,17 +690,17 @@ impl Spawner {
         self.inner.shared_network.is_some()
     }
 
-    /// Starts one worker.
-    pub async fn spawn(&self, request: SpawnRequest) -> Result<Spawned, SpawnError> {
+    /// Hands the spawner thread one worker to start.
+    pub fn submit(&self, request: SpawnRequest) -> Result<PendingSpawn, SpawnError> {
         match request.network {
             WorkerNetwork::Shared => match &self.inner.shared_network {
-                Some(thread) => thread.spawn(request).await,
+                Some(thread) => thread.submit(request),
                 None => Err(SpawnError::Parent {
                     operation: "use the shared network namespace",
                     source: io::Error::from(io::ErrorKind::Unsupported),
                 }),
             },
-            WorkerNetwork::Fresh | WorkerNetwork::Host => self.inner.own.spawn(request).await,
+            WorkerNetwork::Fresh | WorkerNetwork::Host => self.inner.own.submit(request),
         }
     }
 }
@@ -803,6 +852,69 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use std::io::{Read, Seek, SeekFrom};
+
+    /// A spawn the caller gave up while a stand-in for the spawner thread has not
+    /// answered yet; `/bin/sleep` plays the worker.
+    // Reaped through a pidfd (by the clean-up or by the test), not through `Child`.
+    #[allow(clippy::zombie_processes)]
+    fn abandoned_spawn() -> (Reply, mpsc::Receiver<bool>, i32) {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let worker = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(worker.id()).unwrap();
+        let (cleaned, cleaned_up) = mpsc::channel();
+        PendingSpawn { answer }.abandon(move || {
+            // Still in /proc: not reaped yet (a zombie is listed until it is).
+            let _ = cleaned.send(Path::new(&format!("/proc/{pid}")).exists());
+        });
+        (reply, cleaned_up, pid)
+    }
+
+    #[test]
+    fn an_abandoned_spawn_is_cleaned_up_only_once_its_worker_is_killed_and_reaped() {
+        let (reply, cleaned_up, pid) = abandoned_spawn();
+        // The worker may still be cloned into its cgroup: nothing is removed before then.
+        assert!(
+            cleaned_up
+                .recv_timeout(std::time::Duration::from_millis(300))
+                .is_err()
+        );
+        let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (exec_report, _write) = nix::unistd::pipe().unwrap();
+        let spawned = Spawned {
+            pid,
+            child: ChildProcess {
+                pidfd: Some(sys::pidfd_open(pid).unwrap()),
+            },
+            socket: socket.into(),
+            exec_report,
+        };
+        assert!(reply.send(Ok(spawned)).is_ok());
+        let worker_still_there = cleaned_up
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap();
+        assert!(
+            !worker_still_there,
+            "cleaned up before the worker was reaped"
+        );
+    }
+
+    #[test]
+    fn an_abandoned_spawn_the_spawner_never_answers_is_cleaned_up_when_the_reply_is_dropped() {
+        let (reply, cleaned_up, pid) = abandoned_spawn();
+        drop(reply);
+        // No worker was handed over, so the stand-in is not the clean-up's to end.
+        assert!(
+            cleaned_up
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .unwrap()
+        );
+        let pidfd = sys::pidfd_open(pid).unwrap();
+        sys::signal_pidfd(&pidfd, libc::SIGKILL).unwrap();
+        sys::reap_pidfd_blocking(&pidfd);
+    }
 
     /// Lives in the test binary's read-only data, like the CLI's embedded worker.
     static EMBEDDED: &[u8] = include_bytes!("spawn.rs");

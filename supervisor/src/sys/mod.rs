@@ -152,6 +152,17 @@ pub fn signal_pidfd(pidfd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
     }
 }
 
+/// A pidfd of the process `pid` (tests hand airlock processes they started themselves).
+#[cfg(test)]
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and reads no memory.
+    let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) })?;
+    let fd = std::os::fd::RawFd::try_from(fd)
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// How a process ended, from waitid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ended {
