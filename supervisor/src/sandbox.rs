@@ -1049,17 +1049,22 @@ impl Supervisor {
             })
         };
         let network = self.worker_network(profile);
-        // cgroup first: the worker joins it before it does anything.
-        let cgroup = self
-            .create_cgroup(profile)
-            .map_err(PrepareError::Rejected)?;
         let mut lease = WorkerLease {
             pidfd: None,
             spawning: None,
-            cgroup,
+            cgroup: None,
             recycler: Arc::clone(&self.cgroup_spares),
             _template: template.cloned(),
         };
+        // A call given up already (a deadline of 0, a cancellation before the start) makes
+        // nothing: no cgroup, no worker for the spawner to clone and kill again.
+        if let Some(gave_up) = self.given_up_already(deadline, cancel) {
+            return Err(failed(gave_up, lease));
+        }
+        // cgroup first: the worker joins it before it does anything.
+        lease.cgroup = self
+            .create_cgroup(profile)
+            .map_err(PrepareError::Rejected)?;
         let stdio = match (inherit_stdio, &self.null) {
             (Some([a, b, c]), _) => copies([a, b, c]),
             (None, Some(null)) => copies([null; 3]),
@@ -1194,6 +1199,21 @@ impl Supervisor {
 
     /// Runs `work` unless the deadline passes, the caller cancels or the supervisor closes
     /// first (then `TimedOut` or `Cancelled`, before any isolation was applied).
+    /// How a call whose deadline has passed, or that was cancelled, ends before it starts.
+    fn given_up_already(
+        &self,
+        deadline: tokio::time::Instant,
+        cancel: Option<&CancelSignal>,
+    ) -> Option<Conversation> {
+        if tokio::time::Instant::now() >= deadline {
+            Some(Conversation::TimedOut { applied: None })
+        } else if cancel.is_some_and(CancelSignal::is_cancelled) || self.closing.is_cancelled() {
+            Some(Conversation::Cancelled { applied: None })
+        } else {
+            None
+        }
+    }
+
     async fn unless_given_up<T>(
         &self,
         work: impl std::future::Future<Output = T>,

@@ -372,6 +372,7 @@ type Reply = tokio::sync::oneshot::Sender<Result<Spawned, SpawnError>>;
 #[derive(Debug)]
 pub struct PendingSpawn {
     answer: tokio::sync::oneshot::Receiver<Result<Spawned, SpawnError>>,
+    abandoned: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::future::Future for PendingSpawn {
@@ -388,9 +389,13 @@ impl std::future::Future for PendingSpawn {
 }
 
 impl PendingSpawn {
-    /// Gives the spawn up: on a background thread, waits for the spawner's answer, kills
-    /// and reaps the worker it made (if any), then runs `then`.
+    /// Gives the spawn up: the spawner skips it if it has not started it yet (so calls
+    /// given up in a burst do not each cost a worker's clone and hold its descriptors
+    /// meanwhile); on a background thread, waits for the spawner's answer, kills and reaps
+    /// the worker it made (if any), then runs `then`.
     pub fn abandon(self, then: impl FnOnce() + Send + 'static) {
+        self.abandoned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         let answer = self.answer;
         in_background(move || {
             if let Ok(Ok(spawned)) = answer.blocking_recv()
@@ -411,12 +416,19 @@ impl PendingSpawn {
 /// [`ChildProcess`] is dropped, which kills and reaps it (seen once in the 6.12 VM: one
 /// process left after `close` in the abandon test).
 #[derive(Debug)]
-struct SpawnInFlight;
+struct SpawnInFlight {
+    /// Set by [`PendingSpawn::abandon`]: a request given up before its turn is not cloned.
+    abandoned: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl SpawnInFlight {
-    fn enter() -> Self {
+    fn enter(abandoned: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Self {
         BACKGROUND_CLEANUPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Self
+        Self { abandoned }
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.abandoned.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -550,6 +562,11 @@ impl SpawnerThread {
                         receiver.recv_timeout(std::time::Duration::from_millis(1))
                     };
                     match next {
+                        Ok((request, reply, in_flight)) if in_flight.is_abandoned() => {
+                            // Given up before its turn: nothing to clone. The dropped reply
+                            // tells the waiting clean-up so; the request's descriptors close.
+                            drop((request, reply, in_flight));
+                        }
                         Ok((request, reply, in_flight)) => {
                             let spawned = spawn_worker(
                                 &image,
@@ -598,12 +615,17 @@ impl SpawnerThread {
 
     fn submit(&self, request: SpawnRequest) -> Result<PendingSpawn, SpawnError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let abandoned = std::sync::Arc::default();
         self.requests
             .as_ref()
             .ok_or(SpawnError::SpawnerGone)?
-            .send((request, reply, SpawnInFlight::enter()))
+            .send((
+                request,
+                reply,
+                SpawnInFlight::enter(std::sync::Arc::clone(&abandoned)),
+            ))
             .map_err(|_| SpawnError::SpawnerGone)?;
-        Ok(PendingSpawn { answer })
+        Ok(PendingSpawn { answer, abandoned })
     }
 }
 
@@ -865,7 +887,11 @@ mod tests {
             .unwrap();
         let pid = i32::try_from(worker.id()).unwrap();
         let (cleaned, cleaned_up) = mpsc::channel();
-        PendingSpawn { answer }.abandon(move || {
+        PendingSpawn {
+            answer,
+            abandoned: std::sync::Arc::default(),
+        }
+        .abandon(move || {
             // Still in /proc: not reaped yet (a zombie is listed until it is).
             let _ = cleaned.send(Path::new(&format!("/proc/{pid}")).exists());
         });

@@ -66,7 +66,7 @@ async fn calls_given_up_during_the_spawn_answer_and_leave_nothing_behind() {
                         let result = supervisor.run(run, None).await;
                         let kind = result.error.as_ref().map(|e| e.kind);
                         if kind != Some(ErrorKind::Timeout) {
-                            wrong.push(format!("{give_up:?}: {kind:?}"));
+                            wrong.push(format!("{give_up:?}: {:?}", result.error));
                         }
                     }
                     GiveUp::Cancel => {
@@ -75,7 +75,7 @@ async fn calls_given_up_during_the_spawn_answer_and_leave_nothing_behind() {
                         let result = supervisor.run(run, Some(&signal)).await;
                         let kind = result.error.as_ref().map(|e| e.kind);
                         if kind != Some(ErrorKind::Cancelled) {
-                            wrong.push(format!("{give_up:?}: {kind:?}"));
+                            wrong.push(format!("{give_up:?}: {:?}", result.error));
                         }
                     }
                     GiveUp::Drop(ms) => {
