@@ -68,15 +68,34 @@ fn choose_and_build_worker(root: &Path, out_dir: &Path) -> Result<(PathBuf, Stri
     let musl = target
         .strip_suffix("-linux-gnu")
         .map(|arch| format!("{arch}-linux-musl"));
-    if let Some(musl) = musl.filter(|musl| standard_library_installed(musl)) {
-        match build_worker(root, out_dir, &musl) {
-            Ok(binary) => return Ok((binary, musl)),
-            Err(why) => println!(
-                "cargo:warning=the musl worker did not build ({why}); building it against glibc"
-            ),
+    if let Some(musl) = musl {
+        if standard_library_installed(&musl) {
+            match build_worker(root, out_dir, &musl) {
+                Ok(binary) => return Ok((binary, musl)),
+                Err(why) => println!(
+                    "cargo:warning=the musl worker did not build ({why}); building it against glibc"
+                ),
+            }
+        } else if let Some(rustlib) = rustlib_dir() {
+            // Run again once the musl target is installed: without this, a build made
+            // before `rustup target add` kept its glibc worker until a source changed.
+            // (Cargo scans a directory given here; rustlib holds ~170 entries.)
+            println!("cargo:rerun-if-changed={}", rustlib.display());
         }
     }
     build_worker(root, out_dir, &target).map(|binary| (binary, target))
+}
+
+/// `<sysroot>/lib/rustlib`, where rustup installs each target's standard library.
+fn rustlib_dir() -> Option<PathBuf> {
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let output = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let sysroot = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    Some(sysroot.join("lib").join("rustlib")).filter(|dir| dir.is_dir())
 }
 
 /// Whether rustc has the standard library of `target` (rustup's rust-std component).
