@@ -1197,8 +1197,6 @@ impl Supervisor {
         }
     }
 
-    /// Runs `work` unless the deadline passes, the caller cancels or the supervisor closes
-    /// first (then `TimedOut` or `Cancelled`, before any isolation was applied).
     /// How a call whose deadline has passed, or that was cancelled, ends before it starts.
     fn given_up_already(
         &self,
@@ -1214,6 +1212,8 @@ impl Supervisor {
         }
     }
 
+    /// Runs `work` unless the deadline passes, the caller cancels or the supervisor closes
+    /// first (then `TimedOut` or `Cancelled`, before any isolation was applied).
     async fn unless_given_up<T>(
         &self,
         work: impl std::future::Future<Output = T>,
