@@ -5,6 +5,8 @@
 //! type so the bookkeeping is testable without sandboxes.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -116,6 +118,76 @@ impl PoolSize {
     /// The most idle workers kept.
     pub fn max_idle(&self) -> usize {
         self.max_idle
+    }
+}
+
+/// The time source of the pools' grow and shrink decisions. Injectable so that a test
+/// of those decisions moves time itself instead of racing a machine whose speed it cannot
+/// know (under emulation a refill can outlast any shrink period chosen in advance).
+pub trait PoolClock: Send + Sync + std::fmt::Debug {
+    /// Now.
+    fn now(&self) -> Instant;
+    /// Resolves once [`PoolClock::now`] has reached `due`.
+    fn sleep_until(self: Arc<Self>, due: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// The real clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemPoolClock;
+
+impl PoolClock for SystemPoolClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn sleep_until(self: Arc<Self>, due: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(tokio::time::sleep_until(due.into()))
+    }
+}
+
+/// A clock that stands still until [`ManualClock::advance`] moves it (for tests).
+#[derive(Debug)]
+pub struct ManualClock {
+    start: Instant,
+    elapsed: Mutex<Duration>,
+    moved: tokio::sync::Notify,
+}
+
+impl ManualClock {
+    /// Standing at the real now.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            start: Instant::now(),
+            elapsed: Mutex::new(Duration::ZERO),
+            moved: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Moves the clock forward by `by` and wakes whatever sleeps on it.
+    pub fn advance(&self, by: Duration) {
+        *self.elapsed.lock().unwrap_or_else(PoisonError::into_inner) += by;
+        self.moved.notify_waiters();
+    }
+}
+
+impl PoolClock for ManualClock {
+    fn now(&self) -> Instant {
+        self.start + *self.elapsed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sleep_until(self: Arc<Self>, due: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            loop {
+                // Registered before the time is read, so an advance in between is not lost.
+                let moved = self.moved.notified();
+                tokio::pin!(moved);
+                moved.as_mut().enable();
+                if self.now() >= due {
+                    return;
+                }
+                moved.await;
+            }
+        })
     }
 }
 
@@ -341,6 +413,24 @@ impl<W> Pool<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ready(sleep: &mut Pin<Box<dyn Future<Output = ()> + Send>>) -> bool {
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        sleep.as_mut().poll(&mut context).is_ready()
+    }
+
+    #[test]
+    fn a_manual_clock_wakes_a_sleeper_only_once_moved_to_its_time() {
+        let clock = ManualClock::new();
+        let due = clock.now() + Duration::from_secs(10);
+        let mut sleep = Arc::clone(&clock).sleep_until(due);
+        assert!(!ready(&mut sleep));
+        clock.advance(Duration::from_secs(9));
+        assert!(!ready(&mut sleep));
+        clock.advance(Duration::from_secs(1));
+        assert!(ready(&mut sleep));
+        assert_eq!(clock.now(), due);
+    }
 
     #[test]
     fn workers_are_handed_out_once_and_counted() {

@@ -19,7 +19,7 @@ use airlock_protocol::{
 use crate::cancel::CancelSignal;
 use crate::cgroup::{CgroupLimits, CgroupParent, CgroupRecycler, CgroupStats, WorkerCgroup};
 use crate::channel::{ChannelError, WorkerChannel};
-use crate::pool::{IdleTarget, Pool, PoolSize, PoolStats};
+use crate::pool::{IdleTarget, Pool, PoolClock, PoolSize, PoolStats, SystemPoolClock};
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
 use crate::spawn::{
     IdMapping, PendingSpawn, SpawnError, SpawnRequest, Spawned, Spawner, WorkerImage, WorkerNetwork,
@@ -54,6 +54,8 @@ pub struct SupervisorOptions {
     pub worker_image: Option<&'static [u8]>,
     /// How `network = "none"` workers get their network namespace.
     pub network_namespaces: NetworkNamespaces,
+    /// The clock of the pools' grow and shrink decisions (default: the real one).
+    pub pool_clock: Option<Arc<dyn PoolClock>>,
 }
 
 /// The network namespace strategy for `network = "none"` profiles.
@@ -96,6 +98,8 @@ pub struct Supervisor {
     /// Profiles' root templates, for their pooled workers.
     templates: Templates,
     templates_built: AtomicU64,
+    /// Time as the pools' grow and shrink decisions see it.
+    pool_clock: Arc<dyn PoolClock>,
 }
 
 /// The Hello and Setup frames a profile's workers get, per network namespace kind,
@@ -492,6 +496,9 @@ impl Supervisor {
             setup_frames: SetupFrames::default(),
             templates: Templates::default(),
             templates_built: AtomicU64::new(0),
+            pool_clock: options
+                .pool_clock
+                .unwrap_or_else(|| Arc::new(SystemPoolClock)),
         })
     }
 
@@ -696,7 +703,7 @@ impl Supervisor {
             }
             let pool = WarmPool {
                 profile: Arc::clone(&profile),
-                target: Arc::new(IdleTarget::new(size, Instant::now())),
+                target: Arc::new(IdleTarget::new(size, self.pool_clock.now())),
                 stop: CancelSignal::new(),
             };
             let controls = (Arc::clone(&pool.target), pool.stop.clone());
@@ -705,12 +712,13 @@ impl Supervisor {
         };
         let weak = Arc::downgrade(self);
         let notify = self.pool.notify_for(&key);
+        let clock = Arc::clone(&self.pool_clock);
         tokio::spawn(async move {
             loop {
                 let Some(supervisor) = weak.upgrade() else {
                     return;
                 };
-                if target.shrink_if_due(Instant::now()) {
+                if target.shrink_if_due(clock.now()) {
                     // Quiet for a while after a burst: back towards the minimum.
                     while supervisor.pool.idle_count(&key) > target.get() {
                         let Some(mut spare) = supervisor.pool.evict(&key) else {
@@ -794,7 +802,7 @@ impl Supervisor {
                 let shrink_due = target.shrink_due();
                 let shrink = async {
                     match shrink_due {
-                        Some(due) => tokio::time::sleep_until(due.into()).await,
+                        Some(due) => Arc::clone(&clock).sleep_until(due).await,
                         None => std::future::pending().await,
                     }
                 };
@@ -815,7 +823,7 @@ impl Supervisor {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(pool) = warm.get(key)
-            && pool.target.missed(Instant::now())
+            && pool.target.missed(self.pool_clock.now())
         {
             self.pool.replenish(key);
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock::SandboxRun;
-use airlock::pool::PoolSize;
+use airlock::pool::{ManualClock, PoolSize};
 use airlock_policy::load_policy_str;
 use airlock_tests::sandbox_available;
 
@@ -384,9 +384,18 @@ async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop(
         return;
     }
     let profile = default_profile();
-    let supervisor = Arc::new(airlock_tests::supervisor());
-    // Long enough for a burst and a refill under emulation (the VM matrix runs this too).
-    let quiet = Duration::from_secs(5);
+    // The test moves the pool's time itself: a refill under emulation can outlast any
+    // real shrink period, which then undoes the growth before it can be seen.
+    let clock = ManualClock::new();
+    let supervisor = Arc::new(
+        airlock::Supervisor::start(airlock::SupervisorOptions {
+            worker_program: Some((airlock_tests::airlock_bin(), Vec::new())),
+            pool_clock: Some(Arc::clone(&clock) as Arc<dyn airlock::pool::PoolClock>),
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let quiet = Duration::from_secs(10);
     supervisor.keep_warm_sized(
         Arc::clone(&profile),
         PoolSize::between(1, 4, quiet).unwrap(),
@@ -411,19 +420,34 @@ async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop(
         "{:?}",
         supervisor.pool_stats()
     );
+    wait_for(&supervisor, "the pool is refilled", |s| s.idle == 4).await;
+
+    // Short of a quiet period nothing shrinks.
+    clock.advance(quiet - Duration::from_millis(1));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(supervisor.pool_stats().idle_target, 4);
 
     // Quiet: the aim halves once per period, 4 -> 2 -> 1, and the idle workers above it
     // are killed.
+    clock.advance(Duration::from_millis(1));
+    wait_for(&supervisor, "the pool halved", |s| {
+        s.idle_target == 2 && s.idle == 2
+    })
+    .await;
+    clock.advance(quiet);
     wait_for(&supervisor, "the pool is back at its minimum", |s| {
         s.idle_target == 1 && s.idle == 1
     })
     .await;
+    clock.advance(quiet);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        supervisor.pool_stats().idle,
-        1,
-        "{:?}",
-        supervisor.pool_stats()
+        supervisor.pool_stats(),
+        airlock::pool::PoolStats {
+            idle: 1,
+            idle_target: 1,
+            ..supervisor.pool_stats()
+        }
     );
     supervisor.close().await;
 }
