@@ -1,0 +1,177 @@
+//! The daemon: the gate served over a Unix socket to gateways in any language.
+//!
+//! JSON lines (one request object per line, `{"id": ..., "op": ..., ...}`, answered by one
+//! line echoing the `id` with `result` or `error`) or, for Rust clients, bincode frames of
+//! [`FrameRequest`]/[`FrameResponse`] (detected from the first byte). Many requests may be in
+//! flight on one connection and responses come back as they finish. Peers are checked with
+//! SO_PEERCRED; a disconnecting client has its in-flight calls cancelled (workers killed).
+
+mod client;
+mod connection;
+mod dispatch;
+mod wire;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
+
+use crate::cancel::CancelSignal;
+use crate::gate::Gate;
+
+pub use client::{DaemonClient, ToolResultJson};
+pub use wire::{CallRequest, FrameRequest, FrameResponse, MAX_REQUEST_BYTES, Op};
+
+/// Why the daemon could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Binding the socket failed.
+    #[error("cannot listen on {path}")]
+    Bind {
+        /// Socket path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Setting the socket's mode failed.
+    #[error("cannot put a mode-0600 socket at {path}")]
+    Mode {
+        /// Socket path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Daemon settings.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Socket path (created with mode 0600; an existing socket file is replaced).
+    pub socket: PathBuf,
+    /// Peer uids allowed besides our own.
+    pub allow_uids: Vec<u32>,
+    /// Peer gids allowed.
+    pub allow_gids: Vec<u32>,
+    /// Calls running at once.
+    pub max_concurrent: usize,
+    /// Calls waiting for a slot before new ones get `overloaded`.
+    pub max_queued: usize,
+    /// How long in-flight calls may finish after SIGTERM.
+    pub grace: Duration,
+}
+
+impl DaemonConfig {
+    /// Defaults for a socket path.
+    pub fn new(socket: PathBuf) -> Self {
+        Self {
+            socket,
+            allow_uids: Vec::new(),
+            allow_gids: Vec::new(),
+            max_concurrent: 8,
+            max_queued: 64,
+            grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Counters for `stats`.
+#[derive(Debug, Default)]
+struct Stats {
+    connections: AtomicU64,
+    refused_peers: AtomicU64,
+    requests: AtomicU64,
+    calls: AtomicU64,
+    in_flight: AtomicUsize,
+    queued: AtomicUsize,
+    overloaded: AtomicU64,
+}
+
+/// Shared state of a running daemon.
+#[derive(Debug)]
+struct Shared {
+    gate: Arc<Gate>,
+    config: DaemonConfig,
+    slots: Arc<Semaphore>,
+    stats: Stats,
+    shutdown: CancelSignal,
+    calls: CancelSignal,
+}
+
+/// Serves `gate` on `config.socket` until `stop` is triggered, then drains in-flight calls
+/// for up to `config.grace`, cancels the rest and removes the socket.
+pub async fn serve(
+    gate: Arc<Gate>,
+    config: DaemonConfig,
+    stop: CancelSignal,
+) -> Result<(), DaemonError> {
+    let path = config.socket.clone();
+    let display = path.display().to_string();
+    // Bind under a temporary name, set 0600, then rename into place: the socket never
+    // exists at its public path with a wider mode, not even for an instant.
+    let staging = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .map_or("airlock.sock".into(), |n| n.to_string_lossy().into_owned()),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&staging);
+    let listener = UnixListener::bind(&staging).map_err(|source| DaemonError::Bind {
+        path: display.clone(),
+        source,
+    })?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| std::fs::rename(&staging, &path));
+        if let Err(source) = placed {
+            let _ = std::fs::remove_file(&staging);
+            return Err(DaemonError::Mode {
+                path: display.clone(),
+                source,
+            });
+        }
+    }
+    let shared = Arc::new(Shared {
+        slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
+        gate,
+        config,
+        stats: Stats::default(),
+        shutdown: stop.clone(),
+        calls: CancelSignal::new(),
+    });
+    tracing::info!(socket = %path.display(), "airlock daemon listening");
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let shared = Arc::clone(&shared);
+                    tokio::spawn(async move { connection::serve_connection(shared, stream).await });
+                }
+                Err(e) => tracing::warn!(error = %e, "accept failed"),
+            },
+        }
+    }
+    drop(listener);
+    let _ = std::fs::remove_file(&path);
+    // Let in-flight calls finish within the grace period, then cancel what remains.
+    let deadline = tokio::time::Instant::now() + shared.config.grace;
+    while shared.stats.in_flight.load(Ordering::SeqCst) + shared.stats.queued.load(Ordering::SeqCst)
+        > 0
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    shared.calls.cancel();
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while shared.stats.in_flight.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tracing::info!("airlock daemon stopped");
+    Ok(())
+}
