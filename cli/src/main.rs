@@ -35,6 +35,45 @@ pub(crate) fn supervisor_options() -> SupervisorOptions {
     }
 }
 
+/// What `airlock serve` holds for its clients, at most, summed over all of them.
+#[derive(Debug, clap::Args)]
+struct ClientLimits {
+    /// Client connections open at once; more are answered `overloaded` and closed.
+    #[arg(long, default_value_t = 128)]
+    max_connections: usize,
+    /// Bytes of unfinished request lines and of admitted calls' arguments.
+    #[arg(long, default_value = "16MiB")]
+    max_input: String,
+    /// Bytes of answers not yet taken by their clients.
+    #[arg(long, default_value = "16MiB")]
+    max_output: String,
+    /// A client that takes no bytes of its answers for this long is disconnected and its
+    /// calls cancelled.
+    #[arg(long, default_value = "10s")]
+    write_timeout: String,
+}
+
+impl ClientLimits {
+    fn apply(&self, config: &mut airlock::daemon::DaemonConfig) -> anyhow::Result<()> {
+        let size = |flag: &str, text: &str| {
+            units::parse_size(text)
+                .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+                .and_then(|bytes| {
+                    usize::try_from(bytes).map_err(|_| anyhow::anyhow!("{flag}: too large"))
+                })
+        };
+        if self.max_connections == 0 {
+            anyhow::bail!("--max-connections: at least 1");
+        }
+        config.max_connections = self.max_connections;
+        config.max_input_bytes = size("--max-input", &self.max_input)?;
+        config.max_output_bytes = size("--max-output", &self.max_output)?;
+        config.write_timeout = units::parse_duration(&self.write_timeout)
+            .map_err(|e| anyhow::anyhow!("--write-timeout: {e}"))?;
+        Ok(())
+    }
+}
+
 /// airlock: a sandbox driver and supervisor for AI agents' tool calls.
 #[derive(Debug, Parser)]
 #[command(name = "airlock", version, about)]
@@ -151,6 +190,8 @@ enum Command {
         /// Time in-flight calls get to finish after SIGTERM.
         #[arg(long, default_value = "10s")]
         grace: String,
+        #[command(flatten)]
+        limits: ClientLimits,
         /// Host uid of the sandbox's root when running as root (default 65534).
         #[arg(long)]
         sandbox_uid: Option<u32>,
@@ -438,7 +479,7 @@ fn run_tool(
     let options = CallOptions {
         session: flags.session,
         plan_mode: flags.plan_mode,
-        cancel: None,
+        ..CallOptions::default()
     };
     let audit = open_audit(flags.audit.as_ref())?;
     let runtime = runtime()?;
@@ -662,6 +703,7 @@ fn main() -> ExitCode {
             max_concurrent,
             max_queued,
             grace,
+            limits,
             sandbox_uid,
             pool,
             pool_max,
@@ -680,6 +722,7 @@ fn main() -> ExitCode {
                 config.max_concurrent = max_concurrent;
                 config.max_queued = max_queued;
                 config.grace = grace;
+                limits.apply(&mut config)?;
                 run_serve(ServeFlags {
                     policy,
                     audit,

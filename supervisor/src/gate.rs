@@ -70,6 +70,8 @@ pub struct CallOptions {
     pub plan_mode: bool,
     /// Caller cancellation.
     pub cancel: Option<CancelSignal>,
+    /// A deadline shorter than the tool's own (a longer one is cut to the tool's).
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// A serialisable two-phase approval.
@@ -246,7 +248,7 @@ pub fn input_digest(tool: &str, input: &Value) -> String {
     sha256_hex(format!("{tool}\n{}", canonical_json(input)).as_bytes())
 }
 
-fn random_id() -> String {
+pub(crate) fn random_id() -> String {
     let mut bytes = [0u8; 16];
     let filled = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
     if filled.is_err() {
@@ -654,7 +656,9 @@ impl Gate {
                 argv: prepared.argv.clone(),
                 stdin: tool.render_stdin(&prepared.input),
                 arguments_json: prepared.input.to_string(),
-                timeout: tool.tool.timeout,
+                timeout: opts
+                    .timeout
+                    .map_or(tool.tool.timeout, |t| t.min(tool.tool.timeout)),
                 inherit_stdio: None,
                 builtin: tool.tool.builtin.map(|b| b.name().to_string()),
             };

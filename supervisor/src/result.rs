@@ -82,6 +82,9 @@ pub struct ToolError {
     /// `denied`: the rule that fired.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rule: Option<String>,
+    /// `overloaded`: how long to wait before trying again, milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
     /// A transient failure (e.g. EAGAIN at spawn) that a retry in a fresh worker may fix.
     #[serde(skip)]
     pub transient: bool,
@@ -98,6 +101,7 @@ impl ToolError {
             step: None,
             timeout_ms: None,
             rule: None,
+            retry_after_ms: None,
             transient: false,
         }
     }

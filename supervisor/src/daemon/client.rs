@@ -73,11 +73,8 @@ impl DaemonClient {
         let body = self
             .request(&Op::Call(CallRequest {
                 tool: tool.into(),
-                arguments: None,
                 arguments_json: Some(arguments_json.into()),
-                call_id: None,
-                session: None,
-                plan_mode: false,
+                ..CallRequest::default()
             }))
             .await?;
         Ok(ToolResultJson(body.get("result").cloned().unwrap_or(body)))

@@ -1,24 +1,120 @@
-//! One client connection: the peer check, reading requests in either wire format, and
-//! writing the answers back as they finish.
+//! One client connection: the peer check, reading requests in either wire format within
+//! the input budget, and writing the answers back, as they finish, within the output
+//! budget and the write timeout.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 
+use super::budget::Held;
 use super::dispatch::dispatch;
-use super::wire::{FrameRequest, FrameResponse, MAX_REQUEST_BYTES, Op};
+use super::wire::{FrameRequest, FrameResponse, MAX_REQUEST_BYTES, RequestError};
 use super::{DaemonConfig, Shared};
 use crate::cancel::CancelSignal;
+
+/// Bytes read from a client at a time.
+const CHUNK_BYTES: usize = 16 * 1024;
+
+/// Answers queued per connection beyond the output budget's bytes: a client that does not
+/// read fills this, and then its connection is not read either.
+const QUEUED_ANSWERS: usize = 16;
+
+/// The requests in flight on one connection, by their id's JSON text.
+pub(super) type InFlight = Arc<Mutex<HashMap<String, CancelSignal>>>;
+
+/// How an answer is framed for its client (a JSON line or a bincode frame, with its id).
+pub(super) type Reply = Box<dyn Fn(Value) -> Vec<u8> + Send + Sync>;
+
+/// An answer on its way out, with what it keeps taken until it is written: its bytes of
+/// the output budget and, for a call, the call's concurrency slot.
+#[derive(Debug)]
+struct Outgoing {
+    bytes: Vec<u8>,
+    _budget: Option<OwnedSemaphorePermit>,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// Where one connection's answers go.
+#[derive(Debug, Clone)]
+pub(super) struct Answers {
+    queue: mpsc::Sender<Outgoing>,
+    budget: Arc<Semaphore>,
+    budget_permits: usize,
+}
+
+impl Answers {
+    /// Queues `bytes`, waiting for their share of the output budget and a place in this
+    /// connection's queue; `slot` is given back once they are written. Dropped when the
+    /// connection is gone.
+    pub(super) async fn send(&self, bytes: Vec<u8>, slot: Option<OwnedSemaphorePermit>) {
+        // An answer larger than the whole budget waits for all of it.
+        let wanted = u32::try_from(bytes.len().clamp(1, self.budget_permits)).unwrap_or(u32::MAX);
+        let budget = tokio::select! {
+            permit = Arc::clone(&self.budget).acquire_many_owned(wanted) => permit.ok(),
+            () = self.queue.closed() => return,
+        };
+        let _ = self
+            .queue
+            .send(Outgoing {
+                bytes,
+                _budget: budget,
+                _slot: slot,
+            })
+            .await;
+    }
+}
 
 fn peer_allowed(config: &DaemonConfig, uid: u32, gid: u32) -> bool {
     uid == nix::unistd::geteuid().as_raw()
         || config.allow_uids.contains(&uid)
         || config.allow_gids.contains(&gid)
+}
+
+/// One line of JSON, without an id, for a client the daemon will not serve.
+fn refusal_line(kind: &str, message: &str, retry_after_ms: Option<u64>) -> Vec<u8> {
+    let mut error = json!({"kind": kind, "message": message});
+    if let Some(ms) = retry_after_ms {
+        error["retry_after_ms"] = json!(ms);
+    }
+    format!("{}\n", json!({"id": null, "error": error})).into_bytes()
+}
+
+/// Says `overloaded` to a connection beyond `max_connections` and closes it, without
+/// waiting on a client that does not read.
+pub(super) fn turn_away(shared: &Shared, stream: UnixStream) {
+    let line = refusal_line(
+        "overloaded",
+        &format!(
+            "{} connections are open, the most this daemon serves",
+            shared.config.max_connections
+        ),
+        Some(1000),
+    );
+    // A fresh socket's buffer takes one short line; if not, closing says enough.
+    let _ = stream.try_write(&line);
+}
+
+/// Writes `bytes`, failing when the client takes none of them for `idle`.
+async fn write_within<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    mut bytes: &[u8],
+    idle: Duration,
+) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        match tokio::time::timeout(idle, writer.write(bytes)).await {
+            Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => bytes = &bytes[n..],
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+    Ok(())
 }
 
 pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
@@ -34,76 +130,160 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
             .map(|c| format!("uid {} gid {}", c.uid(), c.gid()))
             .unwrap_or_else(|e| format!("unknown peer ({e})"));
         tracing::warn!(peer = %who, "refused a daemon client");
-        let line = format!(
-            "{}\n",
-            json!({"id": null, "error": {"kind": "forbidden", "message": format!("peer {who} is not allowed")}})
-        );
-        let _ = writer.write_all(line.as_bytes()).await;
+        let line = refusal_line("forbidden", &format!("peer {who} is not allowed"), None);
+        let _ = write_within(&mut writer, &line, shared.config.write_timeout).await;
         return;
     }
-    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(256);
-    let write_task = tokio::spawn(async move {
-        while let Some(bytes) = out_rx.recv().await {
-            if writer.write_all(&bytes).await.is_err() {
-                break;
-            }
-        }
-    });
-    // In-flight requests of this connection, by id, for cancel and disconnect.
-    let in_flight: Arc<Mutex<HashMap<String, CancelSignal>>> = Arc::new(Mutex::new(HashMap::new()));
-
-    let mut first = [0u8; 1];
-    let framed = match reader.read(&mut first).await {
-        Ok(1) => !(first[0] == b'{' || first[0].is_ascii_whitespace()),
-        _ => {
-            write_task.abort();
-            return;
-        }
+    // Set when the client stops taking answers or the writer fails: the reader stops too
+    // and the connection's calls are cancelled.
+    let gone = CancelSignal::new();
+    let (queue, mut queued) = mpsc::channel::<Outgoing>(QUEUED_ANSWERS);
+    let answers = Answers {
+        queue,
+        budget: Arc::clone(&shared.output),
+        budget_permits: super::output_budget(&shared.config),
     };
-    let mut buffer: Vec<u8> = first.to_vec();
-    if framed {
-        serve_frames(&shared, &mut reader, buffer, &out_tx, &in_flight).await;
-    } else {
-        let mut chunk = [0u8; 64 * 1024];
-        let mut oversized = false;
-        loop {
-            while let Some(pos) = buffer.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buffer.drain(..=pos).collect();
-                if oversized {
-                    oversized = false;
-                    continue;
+    let write_task = {
+        let gone = gone.clone();
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            while let Some(answer) = queued.recv().await {
+                if let Err(e) =
+                    write_within(&mut writer, &answer.bytes, shared.config.write_timeout).await
+                {
+                    if e.kind() == std::io::ErrorKind::TimedOut {
+                        shared.stats.closed_unread.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            "closed a daemon client that took no answer bytes for {:?}",
+                            shared.config.write_timeout
+                        );
+                    }
+                    break;
                 }
-                handle_json_line(&shared, &line, &out_tx, &in_flight).await;
             }
-            if buffer.len() > MAX_REQUEST_BYTES {
-                // Answer once, then discard the rest of this line.
-                let _ = out_tx.send(format!("{}\n", json!({"id": null, "error": {"kind": "invalid_request", "message": format!("request larger than {MAX_REQUEST_BYTES} bytes")}})).into_bytes()).await;
-                buffer.clear();
-                oversized = true;
-            }
-            match reader.read(&mut chunk).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            }
-        }
+            gone.cancel();
+            // What is still queued is never written: give its budget and slots back now.
+            queued.close();
+            while queued.try_recv().is_ok() {}
+        })
+    };
+    let in_flight: InFlight = Arc::new(Mutex::new(HashMap::new()));
+    let held = shared.input.holder();
+    tokio::select! {
+        () = read_requests(&shared, &mut reader, held, &answers, &in_flight) => {}
+        () = gone.cancelled() => {}
     }
-    // The client is gone: cancel everything it still had running.
+    // The client is gone or stopped reading: cancel everything it still had running.
     for (_, signal) in in_flight.lock().await.drain() {
         signal.cancel();
     }
-    drop(out_tx);
+    drop(answers);
     let _ = write_task.await;
+}
+
+async fn read_requests(
+    shared: &Arc<Shared>,
+    reader: &mut tokio::net::unix::OwnedReadHalf,
+    held: Held,
+    answers: &Answers,
+    in_flight: &InFlight,
+) {
+    let mut first = [0u8; 1];
+    let framed = match reader.read(&mut first).await {
+        Ok(1) => !(first[0] == b'{' || first[0].is_ascii_whitespace()),
+        _ => return,
+    };
+    if framed {
+        serve_frames(shared, reader, first.to_vec(), held, answers, in_flight).await;
+    } else {
+        serve_lines(shared, reader, first.to_vec(), held, answers, in_flight).await;
+    }
+}
+
+/// Answers a request the input budget has no room for, once, with a hint to retry.
+async fn input_spent(shared: &Shared, answers: &Answers) {
+    shared.stats.input_refused.fetch_add(1, Ordering::Relaxed);
+    let line = refusal_line(
+        "overloaded",
+        &format!(
+            "the daemon holds {} bytes of requests from its clients, its most; this connection is closed",
+            shared.input.total()
+        ),
+        Some(1000),
+    );
+    answers.send(line, None).await;
+}
+
+async fn serve_lines(
+    shared: &Arc<Shared>,
+    reader: &mut tokio::net::unix::OwnedReadHalf,
+    mut buffer: Vec<u8>,
+    mut held: Held,
+    answers: &Answers,
+    in_flight: &InFlight,
+) {
+    let mut chunk = vec![0u8; CHUNK_BYTES];
+    let mut oversized = false;
+    // Bytes of `buffer` already known to hold no newline.
+    let mut scanned = 0;
+    loop {
+        while let Some(pos) = buffer[scanned..].iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=scanned + pos).collect();
+            scanned = 0;
+            if std::mem::take(&mut oversized) {
+                continue;
+            }
+            handle_json_line(shared, &line, answers, in_flight).await;
+        }
+        scanned = buffer.len();
+        if buffer.len() > MAX_REQUEST_BYTES {
+            // Answer once, then discard the rest of this line.
+            answers
+                .send(
+                    refusal_line(
+                        "invalid_request",
+                        &format!("request larger than {MAX_REQUEST_BYTES} bytes"),
+                        None,
+                    ),
+                    None,
+                )
+                .await;
+            buffer = Vec::new();
+            scanned = 0;
+            oversized = true;
+        }
+        // A long line's buffer is not kept once the line is done.
+        if buffer.capacity() > CHUNK_BYTES && buffer.len() <= CHUNK_BYTES {
+            buffer.shrink_to(CHUNK_BYTES);
+        }
+        if !held.resize(buffer.capacity() + chunk.len()) {
+            input_spent(shared, answers).await;
+            return;
+        }
+        match reader.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                buffer.reserve(n);
+                if !held.resize(buffer.capacity() + chunk.len()) {
+                    input_spent(shared, answers).await;
+                    return;
+                }
+                buffer.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
 }
 
 async fn serve_frames(
     shared: &Arc<Shared>,
     reader: &mut tokio::net::unix::OwnedReadHalf,
     mut pending: Vec<u8>,
-    out: &mpsc::Sender<Vec<u8>>,
-    in_flight: &Arc<Mutex<HashMap<String, CancelSignal>>>,
+    mut held: Held,
+    answers: &Answers,
+    in_flight: &InFlight,
 ) {
     let mut decoder = airlock_protocol::FrameDecoder::with_max_frame_bytes(MAX_REQUEST_BYTES);
-    let mut chunk = [0u8; 64 * 1024];
+    let mut chunk = vec![0u8; CHUNK_BYTES];
     loop {
         let mut input: &[u8] = &pending;
         let mut requests = Vec::new();
@@ -122,27 +302,21 @@ async fn serve_frames(
         pending.clear();
         for request in requests {
             let id = Value::from(request.id);
-            let op = serde_json::from_str::<Op>(&request.op_json);
-            let out = out.clone();
-            let reply: Box<dyn Fn(Value) -> Vec<u8> + Send + Sync> =
-                Box::new(move |body: Value| {
-                    let response = FrameResponse {
-                        id: request.id,
-                        body_json: body.to_string(),
-                    };
-                    airlock_protocol::frame::encode_frame(&response).unwrap_or_default()
-                });
-            dispatch(
-                shared,
-                id,
-                op.map_err(|e| e.to_string()),
-                out,
-                reply,
-                in_flight,
-            )
-            .await;
+            let op = super::wire::parse_op(&request.op_json);
+            let reply: Reply = Box::new(move |body: Value| {
+                let response = FrameResponse {
+                    id: request.id,
+                    body_json: body.to_string(),
+                };
+                airlock_protocol::frame::encode_frame(&response).unwrap_or_default()
+            });
+            dispatch(shared, id, op, answers, reply, in_flight).await;
         }
         if broken {
+            return;
+        }
+        if !held.resize(decoder.buffer_capacity() + pending.capacity() + chunk.len()) {
+            input_spent(shared, answers).await;
             return;
         }
         match reader.read(&mut chunk).await {
@@ -155,37 +329,26 @@ async fn serve_frames(
 async fn handle_json_line(
     shared: &Arc<Shared>,
     line: &[u8],
-    out: &mpsc::Sender<Vec<u8>>,
-    in_flight: &Arc<Mutex<HashMap<String, CancelSignal>>>,
+    answers: &Answers,
+    in_flight: &InFlight,
 ) {
-    let text = String::from_utf8_lossy(line);
-    if text.trim().is_empty() {
-        return;
-    }
-    let parsed: Result<Value, _> = serde_json::from_str(&text);
-    let (id, op) = match parsed {
-        Ok(value) => {
-            let id = value.get("id").cloned().unwrap_or(Value::Null);
-            (
-                id,
-                serde_json::from_value::<Op>(value).map_err(|e| e.to_string()),
-            )
-        }
+    let (id, op) = match std::str::from_utf8(line) {
+        Ok(text) if text.trim().is_empty() => return,
+        Ok(text) => super::wire::parse_line(text),
         Err(e) => (
             Value::Null,
-            Err(format!(
-                "not JSON: line {}, column {}",
-                e.line(),
-                e.column()
-            )),
+            Err(RequestError::NotJson {
+                line: 1,
+                column: e.valid_up_to() + 1,
+            }),
         ),
     };
     let reply_id = id.clone();
-    let reply: Box<dyn Fn(Value) -> Vec<u8> + Send + Sync> = Box::new(move |mut body: Value| {
+    let reply: Reply = Box::new(move |mut body: Value| {
         if let Value::Object(map) = &mut body {
             map.insert("id".into(), reply_id.clone());
         }
         format!("{body}\n").into_bytes()
     });
-    dispatch(shared, id, op, out.clone(), reply, in_flight).await;
+    dispatch(shared, id, op, answers, reply, in_flight).await;
 }

@@ -1,55 +1,71 @@
-//! One request: the ops, and calls' admission (queue, concurrency slots) and cancellation.
+//! One request: the ops, and calls' admission (unique ids, input budget, queue,
+//! concurrency slots) and cancellation.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use airlock_policy::validate::ToolState;
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, mpsc};
 
 use super::Shared;
-use super::wire::{CallRequest, Op, error_body};
+use super::budget::Held;
+use super::connection::{Answers, InFlight, Reply};
+use super::wire::{CallRequest, ExecuteRequest, Op, RequestError, error_body};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
 use crate::gate::{CallOptions, Gate};
 use crate::result::{ErrorKind, ToolError, ToolResult};
 
+fn invalid_request(message: impl std::fmt::Display) -> Value {
+    error_body("invalid_request", format!("bad request: {message}"))
+}
+
 /// Runs one request; calls run in their own task so responses may come out of order.
 pub(super) async fn dispatch(
     shared: &Arc<Shared>,
     id: Value,
-    op: Result<Op, String>,
-    out: mpsc::Sender<Vec<u8>>,
-    reply: Box<dyn Fn(Value) -> Vec<u8> + Send + Sync>,
-    in_flight: &Arc<Mutex<HashMap<String, CancelSignal>>>,
+    op: Result<Op, RequestError>,
+    answers: &Answers,
+    reply: Reply,
+    in_flight: &InFlight,
 ) {
     shared.stats.requests.fetch_add(1, Ordering::Relaxed);
     let op = match op {
         Ok(op) => op,
         Err(reason) => {
-            let _ = out
-                .send(reply(error_body(
-                    "invalid_request",
-                    format!("bad request: {reason}"),
-                )))
-                .await;
+            answers.send(reply(invalid_request(reason)), None).await;
             return;
         }
     };
     let key = id.to_string();
     match op {
         Op::Call(request) => {
-            let call = to_call(&request, &id);
-            let opts = CallOptions {
-                session: request.session.clone(),
-                plan_mode: request.plan_mode,
-                cancel: None,
+            let (call, opts) = match call_of(&request) {
+                Ok(call) => call,
+                Err(message) => {
+                    answers.send(reply(invalid_request(message)), None).await;
+                    return;
+                }
+            };
+            if request.dry_run {
+                let body = match shared.gate.dry_run(&call, &opts) {
+                    Ok(dry) => json!({"result": {"dry_run": dry}}),
+                    Err(result) => json!({"result": result}),
+                };
+                answers.send(reply(body), None).await;
+                return;
+            }
+            let started = Admission {
+                key,
+                call_id: call.call_id.clone(),
+                tool: call.tool.clone(),
+                arguments_bytes: call.arguments.len(),
             };
             spawn_call(
                 shared,
-                key,
-                out,
+                started,
+                answers,
                 reply,
                 in_flight,
                 move |gate, opts_with_cancel| {
@@ -59,18 +75,24 @@ pub(super) async fn dispatch(
             )
             .await;
         }
-        Op::Execute {
+        Op::Execute(ExecuteRequest {
             approval_id,
             session,
-        } => {
+        }) => {
             let opts = CallOptions {
                 session,
                 ..Default::default()
             };
+            let started = Admission {
+                key,
+                call_id: String::new(),
+                tool: String::new(),
+                arguments_bytes: 0,
+            };
             spawn_call(
                 shared,
-                key,
-                out,
+                started,
+                answers,
                 reply,
                 in_flight,
                 move |gate, opts_with_cancel| {
@@ -81,34 +103,40 @@ pub(super) async fn dispatch(
             .await;
         }
         Op::Propose(request) => {
-            let call = to_call(&request, &id);
-            let opts = CallOptions {
-                session: request.session.clone(),
-                plan_mode: request.plan_mode,
-                cancel: None,
+            if request.dry_run || request.timeout_ms.is_some() {
+                let message = "propose takes neither dry_run nor timeout_ms";
+                answers.send(reply(invalid_request(message)), None).await;
+                return;
+            }
+            let body = match call_of(&request) {
+                Err(message) => invalid_request(message),
+                Ok((call, opts)) => match shared.gate.propose(&call, &opts) {
+                    Ok(approval) => json!({"result": {"approval": approval}}),
+                    Err(result) => json!({"result": result}),
+                },
             };
-            let body = match shared.gate.propose(&call, &opts) {
-                Ok(approval) => json!({"result": {"approval": approval}}),
-                Err(result) => json!({"result": result}),
-            };
-            let _ = out.send(reply(body)).await;
+            answers.send(reply(body), None).await;
         }
-        Op::Cancel { target } => {
-            let found = in_flight.lock().await.get(&target.to_string()).cloned();
+        Op::Cancel(request) => {
+            let found = in_flight
+                .lock()
+                .await
+                .get(&request.target.to_string())
+                .cloned();
             if let Some(signal) = &found {
                 signal.cancel();
             }
-            let _ = out
-                .send(reply(json!({"result": {"cancelled": found.is_some()}})))
+            let body = json!({"result": {"cancelled": found.is_some()}});
+            answers.send(reply(body), None).await;
+        }
+        Op::Reject(request) => {
+            let existed = shared.gate.reject(&request.approval_id);
+            answers
+                .send(reply(json!({"result": {"existed": existed}})), None)
                 .await;
         }
-        Op::Reject { approval_id } => {
-            let existed = shared.gate.reject(&approval_id);
-            let _ = out
-                .send(reply(json!({"result": {"existed": existed}})))
-                .await;
-        }
-        Op::SetState { tool, state } => {
+        Op::SetState(request) => {
+            let (tool, state) = (request.tool, request.state);
             let body = match ToolState::from_name(&state) {
                 None => error_body(
                     "invalid_request",
@@ -119,78 +147,166 @@ pub(super) async fn dispatch(
                 }
                 Some(_) => error_body("unknown_tool", format!("no tool named {tool:?}")),
             };
-            let _ = out.send(reply(body)).await;
+            answers.send(reply(body), None).await;
         }
         Op::Tools => {
-            let _ = out
-                .send(reply(json!({"result": {"tools": shared.gate.tools()}})))
-                .await;
+            let body = json!({"result": {"tools": shared.gate.tools()}});
+            answers.send(reply(body), None).await;
         }
         Op::Health => {
-            let _ = out.send(reply(json!({"result": {"ok": true, "version": env!("CARGO_PKG_VERSION"), "policy_version": shared.gate.policy().version}}))).await;
+            let body = json!({"result": {"ok": true, "version": env!("CARGO_PKG_VERSION"), "policy_version": shared.gate.policy().version}});
+            answers.send(reply(body), None).await;
         }
         Op::Stats => {
-            let s = &shared.stats;
-            let body = json!({"result": {
-                "connections": s.connections.load(Ordering::Relaxed),
-                "refused_peers": s.refused_peers.load(Ordering::Relaxed),
-                "requests": s.requests.load(Ordering::Relaxed),
-                "calls": s.calls.load(Ordering::Relaxed),
-                "in_flight": s.in_flight.load(Ordering::Relaxed),
-                "queued": s.queued.load(Ordering::Relaxed),
-                "overloaded": s.overloaded.load(Ordering::Relaxed),
-                "pending_approvals": shared.gate.pending_approvals(),
-                "pool": shared.gate.supervisor().pool_stats(),
-                "warm_pools": shared.gate.supervisor().warm_pools(),
-                "max_concurrent": shared.config.max_concurrent,
-                "max_queued": shared.config.max_queued,
-            }});
-            let _ = out.send(reply(body)).await;
+            answers.send(reply(stats(shared)), None).await;
         }
     }
 }
 
-fn to_call(request: &CallRequest, id: &Value) -> ToolCall {
+fn stats(shared: &Shared) -> Value {
+    let s = &shared.stats;
+    let config = &shared.config;
+    let connections_open = config
+        .max_connections
+        .max(1)
+        .saturating_sub(shared.connections.available_permits());
+    let output_taken =
+        super::output_budget(config).saturating_sub(shared.output.available_permits());
+    json!({"result": {
+        "connections": s.connections.load(Ordering::Relaxed),
+        "connections_open": connections_open,
+        "max_connections": config.max_connections,
+        "refused_peers": s.refused_peers.load(Ordering::Relaxed),
+        "requests": s.requests.load(Ordering::Relaxed),
+        "calls": s.calls.load(Ordering::Relaxed),
+        "in_flight": s.in_flight.load(Ordering::Relaxed),
+        "queued": s.queued.load(Ordering::Relaxed),
+        "overloaded": s.overloaded.load(Ordering::Relaxed),
+        "input_bytes": shared.input.taken(),
+        "max_input_bytes": shared.input.total(),
+        "input_refused": s.input_refused.load(Ordering::Relaxed),
+        "output_bytes": output_taken,
+        "max_output_bytes": super::output_budget(config),
+        "closed_unread": s.closed_unread.load(Ordering::Relaxed),
+        "write_timeout_ms": u64::try_from(config.write_timeout.as_millis()).unwrap_or(u64::MAX),
+        "pending_approvals": shared.gate.pending_approvals(),
+        "pool": shared.gate.supervisor().pool_stats(),
+        "warm_pools": shared.gate.supervisor().warm_pools(),
+        "max_concurrent": config.max_concurrent,
+        "max_queued": config.max_queued,
+    }})
+}
+
+/// The gate's call and options for a `call` or `propose` request.
+fn call_of(request: &CallRequest) -> Result<(ToolCall, CallOptions), String> {
     let arguments = match (&request.arguments_json, &request.arguments) {
-        (Some(text), _) => text.clone(),
-        (None, Some(value)) => value.to_string(),
+        (Some(_), Some(_)) => return Err("give arguments or arguments_json, not both".into()),
+        (Some(text), None) => text.clone(),
+        (None, Some(raw)) => raw.get().to_string(),
         (None, None) => "{}".to_string(),
     };
-    let call_id = request.call_id.clone().unwrap_or_else(|| match id {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    });
-    ToolCall {
+    let timeout = match request.timeout_ms {
+        Some(0) => return Err("timeout_ms must be at least 1".into()),
+        other => other.map(Duration::from_millis),
+    };
+    // Unique by default: request ids repeat across connections, and the audit log and
+    // results are keyed by call id.
+    let call_id = request
+        .call_id
+        .clone()
+        .unwrap_or_else(crate::gate::random_id);
+    let call = ToolCall {
         call_id,
         tool: request.tool.clone(),
         arguments,
-    }
+    };
+    let opts = CallOptions {
+        session: request.session.clone(),
+        plan_mode: request.plan_mode,
+        cancel: None,
+        timeout,
+    };
+    Ok((call, opts))
 }
 
 type CallFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ToolResult> + Send + 'a>>;
 
-/// Admission (bounded queue, concurrency slots), then the call in its own task, cancellable
-/// by `cancel`, by the client leaving, or by shutdown.
+/// What admission needs to know of a call before it runs.
+struct Admission {
+    /// The request id's JSON text, unique among this connection's requests in flight.
+    key: String,
+    call_id: String,
+    tool: String,
+    /// Held against the input budget while the call is queued or running.
+    arguments_bytes: usize,
+}
+
+/// How long an `overloaded` client should wait: a guess that grows with the queue, so
+/// retries spread out instead of arriving together.
+fn retry_after_ms(waiting: usize, max_concurrent: usize) -> u64 {
+    let rounds = (waiting / max_concurrent.max(1)).saturating_add(1);
+    u64::try_from(rounds.saturating_mul(100))
+        .unwrap_or(u64::MAX)
+        .min(5_000)
+}
+
+/// Admission (a unique id, the input budget, a bounded queue, concurrency slots), then the
+/// call in its own task, cancellable by `cancel`, by the client leaving, or by shutdown.
+/// The call's slot is given back once its answer is written, not when it finishes.
 async fn spawn_call<F>(
     shared: &Arc<Shared>,
-    key: String,
-    out: mpsc::Sender<Vec<u8>>,
-    reply: Box<dyn Fn(Value) -> Vec<u8> + Send + Sync>,
-    in_flight: &Arc<Mutex<HashMap<String, CancelSignal>>>,
+    admission: Admission,
+    answers: &Answers,
+    reply: Reply,
+    in_flight: &InFlight,
     run: F,
     opts: CallOptions,
 ) where
     F: for<'a> FnOnce(&'a Gate, CallOptions) -> CallFuture<'a> + Send + 'static,
 {
+    let overloaded = |message: String, retry: Option<u64>| {
+        let result = ToolResult::rejected(
+            &admission.call_id,
+            &admission.tool,
+            ToolError {
+                retry_after_ms: retry,
+                ..ToolError::new(ErrorKind::Overloaded, message)
+            },
+        );
+        json!({"result": result})
+    };
     if shared.shutdown.is_cancelled() {
-        let _ = out
-            .send(reply(error_body(
-                "overloaded",
-                "the daemon is shutting down",
-            )))
-            .await;
+        let body = overloaded("the daemon is shutting down".into(), None);
+        answers.send(reply(body), None).await;
         return;
     }
+    let signal = CancelSignal::new();
+    {
+        let mut table = in_flight.lock().await;
+        if table.contains_key(&admission.key) {
+            drop(table);
+            let message = format!(
+                "request id {} is already in flight on this connection; give every request its own id",
+                admission.key
+            );
+            answers.send(reply(invalid_request(message)), None).await;
+            return;
+        }
+        table.insert(admission.key.clone(), signal.clone());
+    }
+    let Some(arguments) = shared.input.try_hold(admission.arguments_bytes) else {
+        forget(in_flight, &admission.key).await;
+        shared.stats.overloaded.fetch_add(1, Ordering::Relaxed);
+        shared.stats.input_refused.fetch_add(1, Ordering::Relaxed);
+        let message = format!(
+            "the daemon holds {} bytes of requests, its most; try again later",
+            shared.input.total()
+        );
+        answers
+            .send(reply(overloaded(message, Some(1000))), None)
+            .await;
+        return;
+    };
     // A free slot is taken here, in request order, not later in the call's task: two
     // requests read in one burst (a busy daemon) both saw the slot free, both were
     // admitted, and their tasks raced for it — the second could run while the first
@@ -205,24 +321,20 @@ async fn spawn_call<F>(
     if slot.is_none() && waiting >= shared.config.max_queued {
         shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
         shared.stats.overloaded.fetch_add(1, Ordering::Relaxed);
-        let result = ToolResult::rejected(
-            "",
-            "",
-            ToolError::new(
-                ErrorKind::Overloaded,
-                format!(
-                    "{} calls running and {waiting} queued; try again later",
-                    shared.config.max_concurrent
-                ),
-            ),
+        forget(in_flight, &admission.key).await;
+        let message = format!(
+            "{} calls running and {waiting} queued; try again later",
+            shared.config.max_concurrent
         );
-        let _ = out.send(reply(json!({"result": result}))).await;
+        let retry = retry_after_ms(waiting, shared.config.max_concurrent);
+        answers
+            .send(reply(overloaded(message, Some(retry))), None)
+            .await;
         return;
     }
-    let signal = CancelSignal::new();
-    in_flight.lock().await.insert(key.clone(), signal.clone());
     let shared = Arc::clone(shared);
     let in_flight = Arc::clone(in_flight);
+    let answers = answers.clone();
     tokio::spawn(async move {
         let permit = match slot {
             Some(slot) => Some(slot),
@@ -235,38 +347,100 @@ async fn spawn_call<F>(
                 permit
             }
         };
-        let body = match permit {
+        let (body, slot) = match permit {
             None => {
-                json!({"result": ToolResult::rejected("", "", ToolError::new(ErrorKind::Cancelled, "cancelled while queued"))})
+                let error = ToolError::new(ErrorKind::Cancelled, "cancelled while queued");
+                let result = ToolResult::rejected(&admission.call_id, &admission.tool, error);
+                (json!({"result": result}), None)
             }
-            Some(_permit) => {
-                shared.stats.in_flight.fetch_add(1, Ordering::SeqCst);
-                shared.stats.calls.fetch_add(1, Ordering::Relaxed);
-                // Shutdown's cancel and this request's cancel both end the call.
-                let combined = CancelSignal::new();
-                let relay = {
-                    let combined = combined.clone();
-                    let signal = signal.clone();
-                    let all = shared.calls.clone();
-                    tokio::spawn(async move {
-                        tokio::select! {
-                            () = signal.cancelled() => {},
-                            () = all.cancelled() => {},
-                        }
-                        combined.cancel();
-                    })
-                };
-                let opts = CallOptions {
-                    cancel: Some(combined),
-                    ..opts
-                };
-                let result = run(&shared.gate, opts).await;
-                relay.abort();
-                shared.stats.in_flight.fetch_sub(1, Ordering::SeqCst);
-                json!({"result": result})
+            Some(permit) => {
+                let result = run_admitted(&shared, &signal, arguments, run, opts).await;
+                (json!({"result": result}), Some(permit))
             }
         };
-        in_flight.lock().await.remove(&key);
-        let _ = out.send(reply(body)).await;
+        forget(&in_flight, &admission.key).await;
+        answers.send(reply(body), slot).await;
     });
+}
+
+/// The request `key` is no longer in flight on its connection.
+async fn forget(in_flight: &InFlight, key: &str) {
+    in_flight.lock().await.remove(key);
+}
+
+/// Runs an admitted call under its own and the daemon's cancellation.
+async fn run_admitted<F>(
+    shared: &Shared,
+    signal: &CancelSignal,
+    arguments: Held,
+    run: F,
+    opts: CallOptions,
+) -> ToolResult
+where
+    F: for<'a> FnOnce(&'a Gate, CallOptions) -> CallFuture<'a> + Send + 'static,
+{
+    shared.stats.in_flight.fetch_add(1, Ordering::SeqCst);
+    shared.stats.calls.fetch_add(1, Ordering::Relaxed);
+    // Shutdown's cancel and this request's cancel both end the call.
+    let combined = CancelSignal::new();
+    let relay = {
+        let combined = combined.clone();
+        let signal = signal.clone();
+        let all = shared.calls.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = signal.cancelled() => {},
+                () = all.cancelled() => {},
+            }
+            combined.cancel();
+        })
+    };
+    let opts = CallOptions {
+        cancel: Some(combined),
+        ..opts
+    };
+    let result = run(&shared.gate, opts).await;
+    relay.abort();
+    drop(arguments);
+    shared.stats.in_flight.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_hints_grow_with_the_queue_and_stay_bounded() {
+        assert_eq!(retry_after_ms(0, 8), 100);
+        assert_eq!(retry_after_ms(16, 8), 300);
+        assert_eq!(retry_after_ms(usize::MAX, 1), 5_000);
+        assert_eq!(retry_after_ms(3, 0), 400);
+    }
+
+    #[test]
+    fn a_call_request_gets_a_fresh_call_id_and_a_bounded_timeout() {
+        let request = CallRequest {
+            tool: "t".into(),
+            timeout_ms: Some(250),
+            ..CallRequest::default()
+        };
+        let (a, opts) = call_of(&request).unwrap();
+        let (b, _) = call_of(&request).unwrap();
+        assert_ne!(a.call_id, b.call_id);
+        assert_eq!(a.call_id.len(), 32);
+        assert_eq!(a.arguments, "{}");
+        assert_eq!(opts.timeout, Some(Duration::from_millis(250)));
+        let zero = CallRequest {
+            timeout_ms: Some(0),
+            ..request.clone()
+        };
+        assert!(call_of(&zero).is_err());
+        let both = CallRequest {
+            arguments_json: Some("{}".into()),
+            arguments: serde_json::value::RawValue::from_string("{}".into()).ok(),
+            ..request
+        };
+        assert!(call_of(&both).is_err());
+    }
 }

@@ -5,6 +5,15 @@
 //! [`FrameRequest`]/[`FrameResponse`] (detected from the first byte). Many requests may be in
 //! flight on one connection and responses come back as they finish. Peers are checked with
 //! SO_PEERCRED; a disconnecting client has its in-flight calls cancelled (workers killed).
+//!
+//! Everything a client can make the daemon hold is bounded, summed over all clients: the
+//! connections open, the bytes of unfinished request lines and of admitted calls' arguments
+//! (the input budget), and the bytes of answers not yet written (the output budget). A
+//! finished call keeps its concurrency slot until its answer is written, so a client that
+//! does not read stops getting calls run, and a connection that takes no bytes for
+//! `write_timeout` is closed and its calls cancelled.
+
+mod budget;
 
 mod client;
 mod connection;
@@ -23,7 +32,10 @@ use crate::cancel::CancelSignal;
 use crate::gate::Gate;
 
 pub use client::{DaemonClient, ToolResultJson};
-pub use wire::{CallRequest, FrameRequest, FrameResponse, MAX_REQUEST_BYTES, Op};
+pub use wire::{
+    CallRequest, CancelRequest, ExecuteRequest, FrameRequest, FrameResponse, MAX_ID_BYTES,
+    MAX_REQUEST_BYTES, Op, RejectRequest, RequestError, SetStateRequest, parse_line, parse_op,
+};
 
 /// Why the daemon could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +75,16 @@ pub struct DaemonConfig {
     pub max_queued: usize,
     /// How long in-flight calls may finish after SIGTERM.
     pub grace: Duration,
+    /// Client connections open at once; more are answered `overloaded` and closed.
+    pub max_connections: usize,
+    /// Bytes of unfinished request lines and of admitted calls' arguments, over all
+    /// connections.
+    pub max_input_bytes: usize,
+    /// Bytes of answers waiting to be written, over all connections.
+    pub max_output_bytes: usize,
+    /// A connection whose client takes no bytes of an answer for this long is closed and
+    /// its calls cancelled.
+    pub write_timeout: Duration,
 }
 
 impl DaemonConfig {
@@ -75,6 +97,10 @@ impl DaemonConfig {
             max_concurrent: 8,
             max_queued: 64,
             grace: Duration::from_secs(10),
+            max_connections: 128,
+            max_input_bytes: 16 << 20,
+            max_output_bytes: 16 << 20,
+            write_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -89,6 +115,18 @@ struct Stats {
     in_flight: AtomicUsize,
     queued: AtomicUsize,
     overloaded: AtomicU64,
+    /// Connections closed because their client took no answer bytes for `write_timeout`.
+    closed_unread: AtomicU64,
+    /// Requests refused because the input budget was spent.
+    input_refused: AtomicU64,
+}
+
+/// The output budget's size in semaphore permits: at least one whole request's worth, at
+/// most what a permit count can say.
+fn output_budget(config: &DaemonConfig) -> usize {
+    config
+        .max_output_bytes
+        .clamp(MAX_REQUEST_BYTES, u32::MAX as usize)
 }
 
 /// Shared state of a running daemon.
@@ -97,6 +135,10 @@ struct Shared {
     gate: Arc<Gate>,
     config: DaemonConfig,
     slots: Arc<Semaphore>,
+    /// Open connections' places.
+    connections: Arc<Semaphore>,
+    input: Arc<budget::ByteBudget>,
+    output: Arc<Semaphore>,
     stats: Stats,
     shutdown: CancelSignal,
     calls: CancelSignal,
@@ -138,6 +180,9 @@ pub async fn serve(
     }
     let shared = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
+        connections: Arc::new(Semaphore::new(config.max_connections.max(1))),
+        input: budget::ByteBudget::new(config.max_input_bytes.max(MAX_REQUEST_BYTES)),
+        output: Arc::new(Semaphore::new(output_budget(&config))),
         gate,
         config,
         stats: Stats::default(),
@@ -151,7 +196,18 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let shared = Arc::clone(&shared);
-                    tokio::spawn(async move { connection::serve_connection(shared, stream).await });
+                    match Arc::clone(&shared.connections).try_acquire_owned() {
+                        Ok(place) => {
+                            tokio::spawn(async move {
+                                connection::serve_connection(shared, stream).await;
+                                drop(place);
+                            });
+                        }
+                        Err(_) => {
+                            shared.stats.overloaded.fetch_add(1, Ordering::Relaxed);
+                            connection::turn_away(&shared, stream);
+                        }
+                    }
                 }
                 Err(e) => tracing::warn!(error = %e, "accept failed"),
             },

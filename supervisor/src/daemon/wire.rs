@@ -1,12 +1,27 @@
 //! What travels on the daemon's socket: requests and responses of both wire formats.
+//!
+//! A request is parsed strictly: its top level once, into raw field texts (so a nested
+//! argument value is never expanded into a tree here: an array of a million zeros stays
+//! two megabytes of text instead of tens of megabytes of nodes), with a duplicated key
+//! refused; then the op's own fields, where an unknown one is refused by name. A field the
+//! daemon does not know is a request it cannot honour (a `dry_run` it would ignore runs
+//! the call), so it never passes silently.
 
-use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use serde::de::{DeserializeOwned, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 /// Largest request line or frame, bytes.
 pub const MAX_REQUEST_BYTES: usize = 2 << 20;
+
+/// Largest request `id`, `call_id`, `session` or `target`, bytes of JSON text.
+pub const MAX_ID_BYTES: usize = 256;
+
 /// A request, as both wire formats carry it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     /// List active tools with their input schemas.
@@ -14,32 +29,15 @@ pub enum Op {
     /// Call a tool.
     Call(CallRequest),
     /// Cancel an in-flight request of this connection.
-    Cancel {
-        /// The id of the request to cancel.
-        target: Value,
-    },
+    Cancel(CancelRequest),
     /// Phase one of an approval.
     Propose(CallRequest),
     /// Phase two of an approval.
-    Execute {
-        /// The approval.
-        approval_id: String,
-        /// Session.
-        #[serde(default)]
-        session: Option<String>,
-    },
+    Execute(ExecuteRequest),
     /// Delete a pending approval.
-    Reject {
-        /// The approval.
-        approval_id: String,
-    },
+    Reject(RejectRequest),
     /// Change a tool's availability.
-    SetState {
-        /// Tool.
-        tool: String,
-        /// `active`, `deferred` or `suspended`.
-        state: String,
-    },
+    SetState(SetStateRequest),
     /// Liveness.
     Health,
     /// Counters.
@@ -47,25 +45,256 @@ pub enum Op {
 }
 
 /// The fields of `call` and `propose`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CallRequest {
     /// Tool name.
     pub tool: String,
     /// Arguments as a JSON value (JSON clients).
-    #[serde(default)]
-    pub arguments: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<Box<RawValue>>,
     /// Arguments as JSON text (bincode clients, or JSON clients that prefer text).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments_json: Option<String>,
-    /// Call id (default: the request id).
-    #[serde(default)]
+    /// Call id for the result and the audit log (default: a fresh random one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
     /// Session id.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
     /// Plan mode.
     #[serde(default)]
     pub plan_mode: bool,
+    /// `call` only: a deadline shorter than the tool's (a longer one is cut to the tool's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// `call` only: validate and decide, say what would run, run nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// The fields of `cancel`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequest {
+    /// The id of the request to cancel.
+    pub target: Value,
+}
+
+/// The fields of `execute`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteRequest {
+    /// The approval.
+    pub approval_id: String,
+    /// Session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
+/// The fields of `reject`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RejectRequest {
+    /// The approval.
+    pub approval_id: String,
+}
+
+/// The fields of `set_state`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetStateRequest {
+    /// Tool.
+    pub tool: String,
+    /// `active`, `deferred` or `suspended`.
+    pub state: String,
+}
+
+/// Why a request could not be read; answered as `invalid_request` with this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The text is not JSON.
+    #[error("not JSON: line {line}, column {column}")]
+    NotJson {
+        /// Line of the error.
+        line: usize,
+        /// Column of the error.
+        column: usize,
+    },
+    /// JSON, but not an object of fields.
+    #[error("a request is a JSON object with an \"op\" field: {0}")]
+    NotObject(String),
+    /// A key given twice.
+    #[error("field {0:?} is given twice")]
+    DuplicateField(String),
+    /// No `op`, or not a string.
+    #[error("the request has no \"op\" string")]
+    MissingOp,
+    /// An op the daemon does not have.
+    #[error("unknown op {0:?}")]
+    UnknownOp(String),
+    /// The op's fields are wrong (serde's message names the field).
+    #[error("op {op}: {message}")]
+    Fields {
+        /// The op.
+        op: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An id-like field beyond [`MAX_ID_BYTES`] or holding control characters.
+    #[error("{0} must be 1 to {MAX_ID_BYTES} bytes without control characters")]
+    BadId(&'static str),
+}
+
+/// The top-level fields of a request object, in order, each as its raw JSON text.
+struct Fields(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = Fields;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    fields.push((key, map.next_value::<Box<RawValue>>()?));
+                }
+                Ok(Fields(fields))
+            }
+        }
+        deserializer.deserialize_map(FieldsVisitor)
+    }
+}
+
+fn parse_fields(text: &str) -> Result<Fields, RequestError> {
+    let fields = serde_json::from_str::<Fields>(text).map_err(|e| {
+        if e.is_syntax() || e.is_eof() {
+            RequestError::NotJson {
+                line: e.line(),
+                column: e.column(),
+            }
+        } else {
+            RequestError::NotObject(e.to_string())
+        }
+    })?;
+    let mut seen = std::collections::HashSet::new();
+    for (key, _) in &fields.0 {
+        if !seen.insert(key.as_str()) {
+            return Err(RequestError::DuplicateField(key.clone()));
+        }
+    }
+    Ok(fields)
+}
+
+/// A JSON lines request: its `id` (null when absent) and its op. The id comes back even
+/// when the op is refused, so the client can match the refusal to its request.
+pub fn parse_line(text: &str) -> (Value, Result<Op, RequestError>) {
+    let fields = match parse_fields(text) {
+        Ok(fields) => fields,
+        Err(e) => return (Value::Null, Err(e)),
+    };
+    let (id, rest): (Vec<_>, Vec<_>) = fields.0.into_iter().partition(|(key, _)| key == "id");
+    let id = match id.first() {
+        None => Value::Null,
+        Some((_, raw)) if raw.get().len() > MAX_ID_BYTES => {
+            return (Value::Null, Err(RequestError::BadId("id")));
+        }
+        Some((_, raw)) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
+    };
+    (id, op_from_fields(rest))
+}
+
+/// A bincode frame's op text (its id travels in the frame).
+pub fn parse_op(text: &str) -> Result<Op, RequestError> {
+    op_from_fields(parse_fields(text)?.0)
+}
+
+fn op_from_fields(fields: Vec<(String, Box<RawValue>)>) -> Result<Op, RequestError> {
+    let (op, rest): (Vec<_>, Vec<_>) = fields.into_iter().partition(|(key, _)| key == "op");
+    let Some(name) = op
+        .first()
+        .and_then(|(_, raw)| serde_json::from_str::<String>(raw.get()).ok())
+    else {
+        return Err(RequestError::MissingOp);
+    };
+    // The op's own fields, put back together as one object for its strict struct.
+    let mut object = String::from("{");
+    for (i, (key, raw)) in rest.iter().enumerate() {
+        if i > 0 {
+            object.push(',');
+        }
+        object.push_str(&Value::from(key.as_str()).to_string());
+        object.push(':');
+        object.push_str(raw.get());
+    }
+    object.push('}');
+    let unit = |op: Op| match rest.first() {
+        None => Ok(op),
+        Some((key, _)) => Err(RequestError::Fields {
+            op: name.clone(),
+            message: format!("unknown field `{key}`: this op takes no fields"),
+        }),
+    };
+    let op = match name.as_str() {
+        "tools" => unit(Op::Tools)?,
+        "health" => unit(Op::Health)?,
+        "stats" => unit(Op::Stats)?,
+        "call" => Op::Call(fields_of(&name, &object)?),
+        "propose" => Op::Propose(fields_of(&name, &object)?),
+        "cancel" => Op::Cancel(fields_of(&name, &object)?),
+        "execute" => Op::Execute(fields_of(&name, &object)?),
+        "reject" => Op::Reject(fields_of(&name, &object)?),
+        "set_state" => Op::SetState(fields_of(&name, &object)?),
+        _ => return Err(RequestError::UnknownOp(name)),
+    };
+    check_ids(&op)?;
+    Ok(op)
+}
+
+fn fields_of<T: DeserializeOwned>(op: &str, object: &str) -> Result<T, RequestError> {
+    serde_json::from_str(object).map_err(|e| RequestError::Fields {
+        op: op.to_string(),
+        // serde_json's position is in the reassembled object, not the client's line.
+        message: e
+            .to_string()
+            .rsplit_once(" at line ")
+            .map_or_else(|| e.to_string(), |(m, _)| m.to_string()),
+    })
+}
+
+/// Ids end up in results, logs and audit records: short, printable, and never empty.
+fn check_id(name: &'static str, id: &str) -> Result<(), RequestError> {
+    if id.is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
+        return Err(RequestError::BadId(name));
+    }
+    Ok(())
+}
+
+fn check_ids(op: &Op) -> Result<(), RequestError> {
+    match op {
+        Op::Call(request) | Op::Propose(request) => {
+            if let Some(call_id) = &request.call_id {
+                check_id("call_id", call_id)?;
+            }
+            if let Some(session) = &request.session {
+                check_id("session", session)?;
+            }
+            Ok(())
+        }
+        Op::Execute(request) => {
+            if let Some(session) = &request.session {
+                check_id("session", session)?;
+            }
+            Ok(())
+        }
+        Op::Cancel(request) if request.target.to_string().len() > MAX_ID_BYTES => {
+            Err(RequestError::BadId("target"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A bincode-framed request: the op travels as JSON text (bincode cannot carry a dynamic
@@ -89,4 +318,104 @@ pub struct FrameResponse {
 
 pub(super) fn error_body(kind: &str, message: impl Into<String>) -> Value {
     json!({"error": {"kind": kind, "message": message.into()}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(line: &str) -> RequestError {
+        match parse_line(line).1 {
+            Ok(op) => panic!("accepted {line}: {op:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused_by_name_for_every_op() {
+        for line in [
+            r#"{"id":1,"op":"call","tool":"t","dry_runn":true}"#,
+            r#"{"id":1,"op":"propose","tool":"t","dry_runn":true}"#,
+            r#"{"id":1,"op":"cancel","target":1,"dry_runn":true}"#,
+            r#"{"id":1,"op":"execute","approval_id":"a","dry_runn":true}"#,
+            r#"{"id":1,"op":"reject","approval_id":"a","dry_runn":true}"#,
+            r#"{"id":1,"op":"set_state","tool":"t","state":"active","dry_runn":true}"#,
+            r#"{"id":1,"op":"tools","dry_runn":true}"#,
+            r#"{"id":1,"op":"health","dry_runn":true}"#,
+            r#"{"id":1,"op":"stats","dry_runn":true}"#,
+        ] {
+            let e = refusal(line);
+            assert!(e.to_string().contains("dry_runn"), "{line}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_duplicated_key_is_refused_even_when_both_values_agree() {
+        assert_eq!(
+            refusal(r#"{"id":1,"op":"call","tool":"t","dry_run":false,"dry_run":false}"#),
+            RequestError::DuplicateField("dry_run".into())
+        );
+        assert_eq!(
+            refusal(r#"{"id":1,"id":2,"op":"health"}"#),
+            RequestError::DuplicateField("id".into())
+        );
+    }
+
+    #[test]
+    fn the_id_comes_back_with_a_refusal_and_nested_arguments_stay_text() {
+        let (id, op) = parse_line(r#"{"id":"r-1","op":"nope"}"#);
+        assert_eq!(id, json!("r-1"));
+        assert_eq!(op.unwrap_err(), RequestError::UnknownOp("nope".into()));
+        let (id, op) = parse_line(
+            r#"{"op":"call","id":7,"tool":"t","arguments":{"a": [1, 2]},"dry_run":true}"#,
+        );
+        assert_eq!(id, json!(7));
+        let Ok(Op::Call(call)) = op else {
+            panic!("{op:?}")
+        };
+        assert_eq!(call.arguments.unwrap().get(), r#"{"a": [1, 2]}"#);
+        assert!(call.dry_run);
+    }
+
+    #[test]
+    fn malformed_requests_get_typed_refusals() {
+        assert!(matches!(refusal("{"), RequestError::NotJson { .. }));
+        assert!(matches!(refusal("[1]"), RequestError::NotObject(_)));
+        assert_eq!(refusal(r#"{"id":1}"#), RequestError::MissingOp);
+        assert_eq!(refusal(r#"{"op":3}"#), RequestError::MissingOp);
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        assert_eq!(
+            refusal(&format!(r#"{{"id":"{long}","op":"health"}}"#)),
+            RequestError::BadId("id")
+        );
+        assert_eq!(
+            refusal(r#"{"op":"call","tool":"t","call_id":"a\nb"}"#),
+            RequestError::BadId("call_id")
+        );
+        assert_eq!(
+            refusal(r#"{"op":"call","tool":"t","session":""}"#),
+            RequestError::BadId("session")
+        );
+        assert!(matches!(
+            refusal(r#"{"op":"call"}"#),
+            RequestError::Fields { .. }
+        ));
+    }
+
+    #[test]
+    fn what_the_client_sends_parses_back_to_the_same_op() {
+        let op = Op::Call(CallRequest {
+            tool: "t".into(),
+            arguments_json: Some("{}".into()),
+            timeout_ms: Some(5),
+            ..CallRequest::default()
+        });
+        let text = serde_json::to_string(&op).unwrap();
+        let Ok(Op::Call(back)) = parse_op(&text) else {
+            panic!("{text}")
+        };
+        assert_eq!(back.timeout_ms, Some(5));
+        assert_eq!(back.arguments_json.as_deref(), Some("{}"));
+        assert!(matches!(parse_op(r#"{"op":"health"}"#), Ok(Op::Health)));
+    }
 }
