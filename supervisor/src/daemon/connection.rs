@@ -143,9 +143,11 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         budget: Arc::clone(&shared.output),
         budget_permits: super::output_budget(&shared.config),
     };
+    let in_flight: InFlight = Arc::new(Mutex::new(HashMap::new()));
     let write_task = {
         let gone = gone.clone();
         let shared = Arc::clone(&shared);
+        let in_flight = Arc::clone(&in_flight);
         tokio::spawn(async move {
             while let Some(answer) = queued.recv().await {
                 if let Err(e) =
@@ -161,24 +163,30 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
                     break;
                 }
             }
+            // Cancelled before the queued answers give their slots back, so that this
+            // connection's queued calls do not start on them only to be cancelled.
+            cancel_all(&in_flight).await;
             gone.cancel();
             // What is still queued is never written: give its budget and slots back now.
             queued.close();
             while queued.try_recv().is_ok() {}
         })
     };
-    let in_flight: InFlight = Arc::new(Mutex::new(HashMap::new()));
     let held = shared.input.holder();
     tokio::select! {
         () = read_requests(&shared, &mut reader, held, &answers, &in_flight) => {}
         () = gone.cancelled() => {}
     }
     // The client is gone or stopped reading: cancel everything it still had running.
+    cancel_all(&in_flight).await;
+    drop(answers);
+    let _ = write_task.await;
+}
+
+async fn cancel_all(in_flight: &InFlight) {
     for (_, signal) in in_flight.lock().await.drain() {
         signal.cancel();
     }
-    drop(answers);
-    let _ = write_task.await;
 }
 
 async fn read_requests(
