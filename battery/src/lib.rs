@@ -9,6 +9,7 @@
 pub mod probe;
 mod sys;
 
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
@@ -502,6 +503,8 @@ impl Fixture {
         let dir = parent.join(&tag);
         let workspace = dir.join("ws");
         std::fs::create_dir_all(workspace.join("sub"))?;
+        // The sandbox's root, another uid, must reach the workspace and the staged probe.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
         if let Some(uid) = sandbox_uid {
             for d in [&workspace, &workspace.join("sub")] {
                 std::os::unix::fs::chown(d, Some(uid), Some(uid))?;
@@ -526,6 +529,12 @@ impl Fixture {
             tcp,
             _listeners: (abstract_listener, path_listener, tcp_listener),
         })
+    }
+
+    /// `program` staged in the fixture's directory for [`Fixture::policy_toml`] to bind as the
+    /// probe: see [`stage_program`].
+    pub fn stage_probe(&self, program: &Path) -> std::io::Result<PathBuf> {
+        stage_program(program, &self.dir)
     }
 
     fn fill(&self, arg: &str) -> String {
@@ -579,6 +588,33 @@ impl Drop for Fixture {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Puts `program` into `dir`, world-executable, for a policy to bind, and returns its new
+/// path. The sandbox's root is another uid (65534 under a root supervisor), which may not
+/// reach the program where it lies: below a 0700 home or a checkout in a `mktemp -d`
+/// directory. A hard link where it can be (no copy of a large binary), else a copy.
+pub fn stage_program(program: &Path, dir: &Path) -> std::io::Result<PathBuf> {
+    use std::io::ErrorKind;
+    let name = program
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(ErrorKind::InvalidInput, "no file name"))?;
+    let staged = dir.join(name);
+    if std::fs::metadata(program)?.permissions().mode() & 0o005 == 0o005 {
+        match std::fs::hard_link(program, &staged) {
+            Ok(()) => return Ok(staged),
+            // Never write into a file already there: it may be a link to the program.
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => return Err(e),
+            Err(_) => {}
+        }
+    }
+    let mut copy = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&staged)?;
+    std::io::copy(&mut std::fs::File::open(program)?, &mut copy)?;
+    copy.set_permissions(std::fs::Permissions::from_mode(0o755))?;
+    Ok(staged)
 }
 
 /// The canonical outcome of a call, as the table's `expected` spells it: `SIGSYS` for a

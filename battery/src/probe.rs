@@ -151,14 +151,15 @@ fn attack(name: &str, args: &[String]) -> Option<String> {
             show_io(addr.and_then(|a| UnixStream::connect_addr(&a)))
         }
         // Bait for a neighbour: listens on abstract name arg 0, creates file arg 1 once
-        // listening (a shared writable directory tells the test when to attack), waits up to
-        // arg 2 ms for a connection and prints `accepted` or `nobody`, then this sandbox's
-        // network namespace (`net:[inode]`).
+        // listening (a shared writable directory tells the test when to attack), waits for
+        // a connection until file arg 2 appears (the test's attack is over: no deadline
+        // that a slow machine's attack could outlast) and prints `accepted` or `nobody`,
+        // then this sandbox's network namespace (`net:[inode]`).
         "listen-abstract" => {
             let listened = listen_abstract(
                 arg(0)?,
                 std::path::Path::new(arg(1)?),
-                std::time::Duration::from_millis(arg(2)?.parse().ok()?),
+                std::path::Path::new(arg(2)?),
             );
             let netns = std::fs::read_link("/proc/self/ns/net")
                 .map(|p| p.display().to_string())
@@ -439,7 +440,7 @@ fn fill_tmp() -> String {
     "unbounded".into()
 }
 
-fn listen_abstract(name: &str, ready: &std::path::Path, wait: std::time::Duration) -> String {
+fn listen_abstract(name: &str, ready: &std::path::Path, done: &std::path::Path) -> String {
     use std::os::linux::net::SocketAddrExt;
     let listener = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
         .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
@@ -451,15 +452,16 @@ fn listen_abstract(name: &str, ready: &std::path::Path, wait: std::time::Duratio
     if let Err(e) = std::fs::write(ready, b"listening") {
         return format!("ready-errno={}", e.raw_os_error().unwrap_or(0));
     }
-    let deadline = std::time::Instant::now() + wait;
-    while std::time::Instant::now() < deadline {
+    loop {
+        // Looked at before accepting: a connection made before `done` appeared is seen.
+        let over = done.exists();
         match listener.accept() {
             Ok(_) => return "accepted".into(),
+            Err(e) if e.kind() == ErrorKind::WouldBlock && over => return "nobody".into(),
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
             Err(e) => return format!("accept-errno={}", e.raw_os_error().unwrap_or(0)),
         }
     }
-    "nobody".into()
 }

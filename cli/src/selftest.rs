@@ -71,6 +71,10 @@ pub fn run_selftest(args: &SelftestArgs) -> anyhow::Result<ExitCode> {
     };
     let fixture = Fixture::new(&std::env::temp_dir(), owner)
         .map_err(|e| anyhow::anyhow!("cannot set up the battery's fixture: {e}"))?;
+    // Bound from the fixture: the sandbox's root may not reach where this program lies.
+    let exe = fixture
+        .stage_probe(&exe)
+        .map_err(|e| anyhow::anyhow!("cannot stage {} as the probe: {e}", exe.display()))?;
     let text = fixture.policy_toml(&exe);
     let loaded = airlock_policy::load_policy_str(&text, "selftest")
         .map_err(|e| anyhow::anyhow!("the battery policy does not load: {e}"))?;

@@ -875,6 +875,10 @@ mod tests {
     use super::*;
     use std::io::{Read, Seek, SeekFrom};
 
+    /// How long a test waits for the clean-up before it calls it a hang: a hang guard, not
+    /// a speed budget (the suite also runs under qemu's emulation, many times slower).
+    const HANG_GUARD: std::time::Duration = std::time::Duration::from_secs(300);
+
     /// A spawn the caller gave up while a stand-in for the spawner thread has not
     /// answered yet; `/bin/sleep` plays the worker.
     // Reaped through a pidfd (by the clean-up or by the test), not through `Child`.
@@ -918,9 +922,7 @@ mod tests {
             exec_report,
         };
         assert!(reply.send(Ok(spawned)).is_ok());
-        let worker_still_there = cleaned_up
-            .recv_timeout(std::time::Duration::from_secs(30))
-            .unwrap();
+        let worker_still_there = cleaned_up.recv_timeout(HANG_GUARD).unwrap();
         assert!(
             !worker_still_there,
             "cleaned up before the worker was reaped"
@@ -932,11 +934,7 @@ mod tests {
         let (reply, cleaned_up, pid) = abandoned_spawn();
         drop(reply);
         // No worker was handed over, so the stand-in is not the clean-up's to end.
-        assert!(
-            cleaned_up
-                .recv_timeout(std::time::Duration::from_secs(30))
-                .unwrap()
-        );
+        assert!(cleaned_up.recv_timeout(HANG_GUARD).unwrap());
         let pidfd = sys::pidfd_open(pid).unwrap();
         sys::signal_pidfd(&pidfd, libc::SIGKILL).unwrap();
         sys::reap_pidfd_blocking(&pidfd);

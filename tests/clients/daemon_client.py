@@ -5,6 +5,7 @@ socket with nothing but the standard library. Used by tests/tests/daemon.rs.
 usage: daemon_client.py SOCKET SCENARIO
 """
 import json
+import signal
 import socket
 import sys
 import time
@@ -53,19 +54,27 @@ def basic(path):
     expect({"echo", "sleep"} <= names, names)
     expect(all("input_schema" in t for t in tools), tools)
 
-    # Concurrent calls: a slow one first, fast ones after; answers come out of order.
-    c.call("slow", "sleep", {"seconds": "1"})
+    # Concurrent calls: a slow one first, fast ones after; answers come out of order. The
+    # slow one runs until cancelled, so however long the fast ones take, it is still
+    # running when they answer.
+    c.call("slow", "sleep", {"seconds": "3600"})
     for i in range(3):
         c.call(f"fast-{i}", "echo", {"text": f"hello {i}"})
-    order = []
-    for _ in range(4):
+    for _ in range(3):
         response = c.receive()
-        order.append(response["id"])
+        expect(response["id"].startswith("fast-"), f"responses should be out of order: {response}")
         result = response["result"]
         expect(result["ok"] is True, response)
-        if response["id"].startswith("fast-"):
-            expect(result["stdout"] == "hello " + response["id"][5:] + "\n", result)
-    expect(order[-1] == "slow", f"responses should be out of order, got {order}")
+        expect(result["stdout"] == "hello " + response["id"][5:] + "\n", result)
+
+    # Cancel an in-flight call: the slow one.
+    c.send({"id": "canceller", "op": "cancel", "target": "slow"})
+    got = {}
+    for _ in range(2):
+        response = c.receive()
+        got[response["id"]] = response
+    expect(got["canceller"]["result"]["cancelled"] is True, got)
+    expect(got["slow"]["result"]["error"]["kind"] == "cancelled", got)
 
     # Malformed requests get errors and the connection stays usable.
     c.send_raw(b"{not json\n")
@@ -79,17 +88,6 @@ def basic(path):
     expect(invalid["result"]["error"]["kind"] == "invalid_input", invalid)
     c.call(5, "nope", {})
     expect(c.receive()["result"]["error"]["kind"] == "unknown_tool", "unknown tool")
-
-    # Cancel an in-flight call.
-    c.call("victim", "sleep", {"seconds": "30"})
-    time.sleep(0.5)
-    c.send({"id": "canceller", "op": "cancel", "target": "victim"})
-    got = {}
-    for _ in range(2):
-        response = c.receive()
-        got[response["id"]] = response
-    expect(got["canceller"]["result"]["cancelled"] is True, got)
-    expect(got["victim"]["result"]["error"]["kind"] == "cancelled", got)
 
     # Two-phase approval.
     c.send({"id": "p", "op": "propose", "tool": "guarded", "arguments": {"text": "approved"}})
@@ -118,9 +116,11 @@ def basic(path):
 
 
 def disconnect(path):
+    # Hang up when told to (SIGUSR1): the test first sees the call's tool running.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     c = Client(path)
     c.call("orphan", "sleep", {"seconds": sys.argv[3]})
-    time.sleep(0.5)
+    signal.sigwait({signal.SIGUSR1})
     c.sock.close()
     print("ok", flush=True)
 
@@ -141,22 +141,34 @@ def refused(path):
 
 def overload(path, together=False):
     c = Client(path)
-    first = {"id": "first", "op": "call", "tool": "sleep", "arguments": {"seconds": "1"}}
+    # The first call holds the only slot until cancelled, however slow the machine.
+    first = {"id": "first", "op": "call", "tool": "sleep", "arguments": {"seconds": "3600"}}
     second = {"id": "second", "op": "call", "tool": "echo", "arguments": {"text": "x"}}
     if together:
         # Both requests in one write: the daemon reads them in one go.
         c.send_raw((json.dumps(first) + "\n" + json.dumps(second) + "\n").encode())
     else:
         c.send(first)
-        time.sleep(0.3)
+        # The second is sent once the first runs, in a write of its own.
+        while True:
+            c.send({"id": "stats", "op": "stats"})
+            if c.receive()["result"]["in_flight"] == 1:
+                break
+            time.sleep(0.01)
         c.send(second)
+    turned_away = c.receive()
+    error = turned_away["result"].get("error") or {}
+    expect(turned_away["id"] == "second" and error.get("kind") == "overloaded", turned_away)
+    c.send({"id": "cancel", "op": "cancel", "target": "first"})
     responses = {}
     for _ in range(2):
         r = c.receive()
         responses[r["id"]] = r
-    error = responses["second"]["result"].get("error") or {}
-    expect(error.get("kind") == "overloaded", responses)
-    expect(responses["first"]["result"]["ok"] is True, responses)
+    expect(responses["first"]["result"]["error"]["kind"] == "cancelled", responses)
+    # The slot is free again once the first call is over.
+    c.send(second)
+    again = c.receive()
+    expect(again["result"]["ok"] is True, again)
     print("ok", flush=True)
 
 

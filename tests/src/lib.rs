@@ -6,6 +6,36 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long a test waits for something that must happen before it calls it a hang. Only
+/// a hang guard, never a speed budget: the suite also runs under qemu's emulation, 10-50
+/// times slower and uneven, so nothing a test asserts may depend on beating it. Tests
+/// also give calls that must finish this as their deadline.
+pub const HANG_GUARD: Duration = Duration::from_secs(300);
+
+/// [`HANG_GUARD`] as a policy duration (`"300s"`).
+pub fn hang_guard_toml() -> String {
+    format!("\"{}s\"", HANG_GUARD.as_secs())
+}
+
+/// Polls `done` until it holds; panics, naming `what`, only after [`HANG_GUARD`].
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + HANG_GUARD;
+    while !done() {
+        assert!(Instant::now() < deadline, "hung waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// [`wait_until`] for async tests: sleeps on the runtime between polls.
+pub async fn wait_until_async(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + HANG_GUARD;
+    while !done() {
+        assert!(Instant::now() < deadline, "hung waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
 
 /// Whether skips must be failures (set by `.ci/run`).
 pub fn must_work() -> bool {
@@ -94,6 +124,17 @@ impl Scratch {
         let dir = parent.join(format!("airlock-test-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Self(dir)
+    }
+
+    /// The fixture program `name` staged in its `bin` directory, for a policy to bind: the
+    /// sandbox's root is another uid (65534 when the tests run as root), which may not reach
+    /// the build directory (a checkout below a 0700 directory, as `mktemp -d` makes).
+    pub fn stage(&self, name: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = self.0.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        airlock_battery::stage_program(&fixture_bin(name), &bin).unwrap()
     }
 
     /// Writes a file in it and returns its path.

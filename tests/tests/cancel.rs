@@ -3,11 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use airlock::SandboxRun;
 use airlock_policy::load_policy_str;
-use airlock_tests::sandbox_available;
+use airlock_tests::{HANG_GUARD, host_processes_with, sandbox_available, wait_until_async};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_running_call_kills_its_worker() {
@@ -28,15 +27,21 @@ async fn dropping_a_running_call_kills_its_worker() {
         argv: vec!["/bin/sleep".into(), marker.clone()],
         stdin: Vec::new(),
         arguments_json: "{}".into(),
-        timeout: Duration::from_secs(30),
+        timeout: HANG_GUARD,
         inherit_stdio: None,
         builtin: None,
     };
-    let call = supervisor.run(run, None);
-    let _ = tokio::time::timeout(Duration::from_millis(500), call).await;
-    // The future was dropped: the worker got SIGKILL, and PID 1's death takes the tool along.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(airlock_tests::host_processes_with(&format!("sleep {marker}")).is_empty());
+    let pattern = format!("sleep {marker}");
+    // Dropped once its tool runs: the select drops the call's future.
+    tokio::select! {
+        result = supervisor.run(run, None) => panic!("the call ended by itself: {result:?}"),
+        () = wait_until_async("the tool runs", || !host_processes_with(&pattern).is_empty()) => {}
+    }
+    // The worker got SIGKILL, and PID 1's death takes the tool along.
+    wait_until_async("the dropped call's tool is gone", || {
+        host_processes_with(&pattern).is_empty()
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,23 +63,29 @@ async fn cancelling_a_call_returns_cancelled_and_kills_the_tree() {
         argv: vec!["/bin/sleep".into(), marker.clone()],
         stdin: Vec::new(),
         arguments_json: "{}".into(),
-        timeout: Duration::from_secs(30),
+        // Only the cancel can end it: a broken one shows as `timeout` (at the hang guard).
+        timeout: HANG_GUARD,
         inherit_stdio: None,
         builtin: None,
     };
+    let pattern = format!("sleep {marker}");
     let signal = airlock::CancelSignal::new();
-    let trigger = signal.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        trigger.cancel();
-    });
-    let started = Instant::now();
-    let result = supervisor.run(run, Some(&signal)).await;
+    let call = supervisor.run(run, Some(&signal));
+    tokio::pin!(call);
+    tokio::select! {
+        result = &mut call => panic!("the call ended before it was cancelled: {result:?}"),
+        () = wait_until_async("the tool runs", || !host_processes_with(&pattern).is_empty()) => {}
+    }
+    signal.cancel();
+    let result = call.await;
     assert_eq!(
         result.error.as_ref().map(|e| e.kind),
         Some(airlock::ErrorKind::Cancelled),
         "{result:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(3));
-    assert!(airlock_tests::host_processes_with(&format!("sleep {marker}")).is_empty());
+    // The answer may come before the killed worker is reaped.
+    wait_until_async("the cancelled call's tool is gone", || {
+        host_processes_with(&pattern).is_empty()
+    })
+    .await;
 }

@@ -3,11 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use airlock::SandboxRun;
 use airlock_policy::load_policy_str;
-use airlock_tests::{our_cgroup_dirs, our_children, sandbox_available};
+use airlock_tests::{HANG_GUARD, our_cgroup_dirs, our_children, sandbox_available};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
@@ -44,7 +44,7 @@ async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
             argv: vec!["/bin/true".into()],
             stdin: Vec::new(),
             arguments_json: "{}".into(),
-            timeout: Duration::from_secs(30),
+            timeout: HANG_GUARD,
             inherit_stdio: None,
             builtin: None,
         };

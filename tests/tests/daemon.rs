@@ -3,18 +3,24 @@
 //! requests, reloads, refused peers, overload and a clean SIGTERM.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 
-use airlock_tests::{Scratch, airlock_bin, host_processes_with, sandbox_available};
+use airlock_tests::{
+    HANG_GUARD, Scratch, airlock_bin, host_processes_with, sandbox_available, wait_until,
+};
 
 const POLICY: &str = r#"version = 1
 [profiles.default]
 read = ["/usr"]
 read_optional = ["/bin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives"]
 tmpfs = { "/tmp" = "16MiB" }
-limits = { timeout = "60s" }
+# airlock_tests::HANG_GUARD: calls end by their own event (a cancel, a hang-up), however
+# slow the machine.
+limits = { timeout = "300s" }
 
 [tools.echo]
 description = "echo a text"
@@ -40,6 +46,8 @@ struct Daemon {
     child: Child,
     socket: PathBuf,
     policy: PathBuf,
+    /// What it has logged so far (its stderr, passed on to ours as well).
+    log: Arc<Mutex<String>>,
     _scratch: Scratch,
 }
 
@@ -48,26 +56,37 @@ impl Daemon {
         let scratch = Scratch::new("daemon");
         let policy = scratch.write("policy.toml", POLICY);
         let socket = scratch.0.join("airlock.sock");
-        let child = Command::new(airlock_bin())
+        let mut child = Command::new(airlock_bin())
             .args(["serve", "--policy"])
             .arg(&policy)
             .arg("--socket")
             .arg(&socket)
             .args(extra)
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "daemon did not create its socket"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let kept = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                let mut log = kept.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        wait_until("the daemon creates its socket", || {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the daemon exited ({status}) without creating its socket");
+            }
+            socket.exists()
+        });
         Self {
             child,
             socket,
             policy,
+            log,
             _scratch: scratch,
         }
     }
@@ -75,6 +94,13 @@ impl Daemon {
     fn signal(&self, signal: i32) {
         // SAFETY: kill on our own child's pid.
         assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
+    }
+
+    /// Waits until the daemon has logged a line containing `text`.
+    fn wait_for_log(&self, text: &str) {
+        wait_until(&format!("the daemon logs {text:?}"), || {
+            self.log.lock().unwrap().contains(text)
+        });
     }
 }
 
@@ -85,15 +111,67 @@ impl Drop for Daemon {
     }
 }
 
-fn python(socket: &Path, scenario: &str, extra: &[&str]) -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/daemon_client.py");
-    let out = Command::new("/usr/bin/python3")
-        .arg(script)
+/// The gateway client, compiled in and run as `python3 -` from stdin: a client running as
+/// another uid cannot be assumed to read the checkout (a clone below a 0700 directory).
+const CLIENT: &str = include_str!("../clients/daemon_client.py");
+
+/// Starts the gateway client on `socket` with `scenario` and its arguments, as `uid` if
+/// given, and hands it the script.
+fn spawn_client(socket: &Path, scenario: &str, extra: &[&str], uid: Option<u32>) -> Child {
+    let mut command = Command::new("/usr/bin/python3");
+    command
+        .arg("-")
         .arg(socket)
         .arg(scenario)
         .args(extra)
-        .output()
-        .unwrap();
+        // Nor its working directory, the package's (python puts it on sys.path).
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(uid) = uid {
+        command.uid(uid).gid(uid);
+    }
+    let mut child = command.spawn().unwrap();
+    // Closing stdin (dropping it) ends the script; python runs it only then.
+    if let Err(e) = child.stdin.take().unwrap().write_all(CLIENT.as_bytes()) {
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "python3 did not read the client ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    child
+}
+
+/// Runs the gateway client on `socket` with `scenario` and its arguments, as `uid` if given.
+fn run_client(socket: &Path, scenario: &str, extra: &[&str], uid: Option<u32>) -> Output {
+    spawn_client(socket, scenario, extra, uid)
+        .wait_with_output()
+        .unwrap()
+}
+
+/// Waits until `done`, and fails at once, with its output, if `client` ends first.
+fn wait_while_client_runs(client: &mut Child, what: &str, mut done: impl FnMut() -> bool) {
+    wait_until(what, || {
+        if let Some(status) = client.try_wait().unwrap() {
+            let mut output = String::new();
+            let _ = client.stdout.take().unwrap().read_to_string(&mut output);
+            let _ = client.stderr.take().unwrap().read_to_string(&mut output);
+            panic!("the client ended ({status}) before {what}: {output}");
+        }
+        done()
+    });
+}
+
+/// Tells a `disconnect` client to hang up.
+fn hang_up(client: &Child) {
+    // SAFETY: kill on our own child's pid (at worst a zombie not yet waited for).
+    assert_eq!(unsafe { libc::kill(client.id() as i32, libc::SIGUSR1) }, 0);
+}
+
+fn python(socket: &Path, scenario: &str, extra: &[&str]) -> String {
+    let out = run_client(socket, scenario, extra, None);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
@@ -122,12 +200,23 @@ fn a_client_that_disconnects_mid_call_leaves_no_worker() {
     }
     let daemon = Daemon::start(&[]);
     let marker = format!("6{}.25", std::process::id());
-    python(&daemon.socket, "disconnect", &[&marker]);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !host_processes_with(&format!("sleep {marker}")).is_empty() {
-        assert!(Instant::now() < deadline, "the call outlived its client");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let pattern = format!("sleep {marker}");
+    let mut client = spawn_client(&daemon.socket, "disconnect", &[&marker], None);
+    wait_while_client_runs(&mut client, "the call's tool runs", || {
+        !host_processes_with(&pattern).is_empty()
+    });
+    hang_up(&client);
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The sleep lasts hours: only the hang-up can end it this side of the hang guard.
+    wait_until("the call ends with its client", || {
+        host_processes_with(&pattern).is_empty()
+    });
 }
 
 #[test]
@@ -145,14 +234,16 @@ fn sighup_reloads_a_valid_policy_and_keeps_the_old_one_when_invalid() {
     );
     std::fs::write(&daemon.policy, extended).unwrap();
     daemon.signal(libc::SIGHUP);
-    std::thread::sleep(Duration::from_millis(500));
+    wait_until("the reloaded policy's tools are listed", || {
+        tool_names(&daemon.socket) == "echo extra guarded sleep"
+    });
     assert_eq!(
         python(&daemon.socket, "tools", &[]).trim(),
         "echo extra guarded sleep"
     );
     std::fs::write(&daemon.policy, "version = 1\n[tools.broken]\n").unwrap();
     daemon.signal(libc::SIGHUP);
-    std::thread::sleep(Duration::from_millis(500));
+    daemon.wait_for_log("policy reload refused");
     assert_eq!(
         python(&daemon.socket, "tools", &[]).trim(),
         "echo extra guarded sleep"
@@ -161,11 +252,8 @@ fn sighup_reloads_a_valid_policy_and_keeps_the_old_one_when_invalid() {
 
 /// One JSON-lines request to the daemon on `socket`, and its answer.
 fn ask(socket: &Path, request: serde_json::Value) -> serde_json::Value {
-    use std::io::{BufRead, BufReader, Write};
     let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
+    stream.set_read_timeout(Some(HANG_GUARD)).unwrap();
     stream.write_all(format!("{request}\n").as_bytes()).unwrap();
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line).unwrap();
@@ -189,12 +277,17 @@ fn pooled_workers(daemon: &Daemon) -> Vec<u32> {
     found
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// The names of the daemon's tools, sorted, space-separated.
+fn tool_names(socket: &Path) -> String {
+    let answer = ask(socket, serde_json::json!({"id": "t", "op": "tools"}));
+    let mut names: Vec<String> = answer["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names.join(" ")
 }
 
 #[test]
@@ -295,15 +388,7 @@ fn a_peer_with_a_foreign_uid_is_refused() {
         std::fs::Permissions::from_mode(0o755),
     )
     .unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/daemon_client.py");
-    let out = Command::new("/usr/bin/python3")
-        .arg(script)
-        .arg(&daemon.socket)
-        .arg("refused")
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    let out = run_client(&daemon.socket, "refused", &[], Some(65534));
     assert!(
         out.status.success(),
         "{}{}",
@@ -311,8 +396,6 @@ fn a_peer_with_a_foreign_uid_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
-
-use std::os::unix::process::CommandExt;
 
 #[test]
 fn beyond_the_queue_calls_are_overloaded() {
@@ -362,23 +445,21 @@ fn sigterm_removes_the_socket_and_leaves_no_worker_or_cgroup() {
     }
     let mut daemon = Daemon::start(&["--grace", "200ms"]);
     let marker = format!("7{}.25", std::process::id());
-    let socket = daemon.socket.clone();
-    let client = std::thread::spawn(move || {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/daemon_client.py");
-        // The call is still running when SIGTERM arrives; the client may see EOF.
-        let _ = Command::new("/usr/bin/python3")
-            .arg(script)
-            .arg(&socket)
-            .arg("disconnect")
-            .arg(&marker)
-            .output();
+    let pattern = format!("sleep {marker}");
+    let mut client = spawn_client(&daemon.socket, "disconnect", &[&marker], None);
+    // SIGTERM arrives while the call runs: the grace passes and the daemon ends it.
+    wait_while_client_runs(&mut client, "the call's tool runs", || {
+        !host_processes_with(&pattern).is_empty()
     });
-    std::thread::sleep(Duration::from_millis(300));
     daemon.signal(libc::SIGTERM);
     let status = daemon.child.wait().unwrap();
     assert!(status.success(), "{status}");
-    client.join().unwrap();
+    hang_up(&client);
+    let _ = client.wait_with_output();
     assert!(!daemon.socket.exists());
+    wait_until("the daemon's call is gone", || {
+        host_processes_with(&pattern).is_empty()
+    });
     let pid = daemon.child.id();
     for root in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"] {
         if let Ok(entries) = std::fs::read_dir(root) {

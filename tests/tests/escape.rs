@@ -44,7 +44,9 @@ fn every_attack_in_the_battery_ends_the_documented_way() {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let fixture = Fixture::new(&scratch.0, root.then_some(65534)).unwrap();
-    let probe = airlock_tests::fixture_bin("airlock-probe");
+    let probe = fixture
+        .stage_probe(&airlock_tests::fixture_bin("airlock-probe"))
+        .unwrap();
     let policy = scratch.write("battery.toml", &fixture.policy_toml(&probe));
     let exe_before = std::fs::read(airlock_bin()).unwrap();
 

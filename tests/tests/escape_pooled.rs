@@ -9,12 +9,59 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use airlock::SandboxRun;
+use airlock::{ErrorKind, SandboxRun, Supervisor};
 use airlock_battery::{Fixture, Runner};
-use airlock_policy::CompiledPolicy;
-use airlock_tests::{Scratch, sandbox_available};
+use airlock_policy::{CompiledPolicy, CompiledProfile};
+use airlock_tests::{HANG_GUARD, Scratch, sandbox_available, wait_until_async};
+
+/// Waits until `supervisor`'s pool of `profile` holds a worker, or until a cold worker of
+/// the profile shows that none can be made (its set-up is refused) — never for a set time,
+/// which a slow machine's spawn could outlast.
+async fn pool_filled_or_refused(supervisor: &Supervisor, profile: &Arc<CompiledProfile>) {
+    let filled = wait_until_async("the pool holds a worker", || {
+        supervisor.pool_stats().idle >= 1
+    });
+    tokio::pin!(filled);
+    // Most pools fill at once; only for one still empty is a cold worker asked. The pause
+    // saves work, nothing depends on it.
+    tokio::select! {
+        () = &mut filled => return,
+        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+    }
+    let cold = airlock_tests::supervisor();
+    let refused = async {
+        let result = cold
+            .run(
+                SandboxRun {
+                    call_id: "can-it-start".into(),
+                    tool: "exec".into(),
+                    profile: Arc::clone(profile),
+                    argv: vec!["/bin/true".into()],
+                    stdin: Vec::new(),
+                    arguments_json: "{}".into(),
+                    timeout: HANG_GUARD,
+                    inherit_stdio: None,
+                    builtin: None,
+                },
+                None,
+            )
+            .await;
+        result
+            .error
+            .is_some_and(|e| e.kind == ErrorKind::SandboxUnavailable)
+    };
+    tokio::select! {
+        () = &mut filled => {}
+        refused = refused => {
+            if !refused {
+                filled.await;
+            }
+        }
+    }
+    cold.close().await;
+}
 
 struct PooledRunner {
     runtime: tokio::runtime::Runtime,
@@ -39,10 +86,7 @@ impl Runner for PooledRunner {
         let (result, stats) = self.runtime.block_on(async {
             let supervisor = Arc::new(airlock_tests::supervisor());
             supervisor.keep_warm(Arc::clone(&profile), 1);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while supervisor.pool_stats().idle < 1 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
+            pool_filled_or_refused(&supervisor, &profile).await;
             let templated = supervisor.pool_stats().templates_ready;
             let run = SandboxRun {
                 call_id: "battery".into(),

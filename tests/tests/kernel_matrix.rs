@@ -74,7 +74,11 @@ fn expected_cgroup_version() -> &'static str {
 /// The integration tests' policy with Landlock downgraded to `best_effort`: everything else
 /// (namespaces, seccomp, cgroup) stays required.
 fn best_effort_landlock_policy(scratch: &Scratch, extra_read: &[&Path]) -> PathBuf {
-    let mut text = test_policy(extra_read, "timeout = \"30s\"", "none");
+    let mut text = test_policy(
+        extra_read,
+        &format!("timeout = {}", airlock_tests::hang_guard_toml()),
+        "none",
+    );
     // test_policy ends inside [profiles.default], so this line belongs to that profile.
     text.push_str(
         "require = { landlock = \"best_effort\", seccomp = \"required\", cgroup = \"required\" }\n",

@@ -3,17 +3,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use airlock::{Acknowledgement, CallOptions, CancelSignal, Gate, Sandbox, ToolCall, UnsafeLocal};
 use airlock_policy::load_policy_str;
-use airlock_tests::{host_processes_with, sandbox_available};
+use airlock_tests::{HANG_GUARD, host_processes_with, sandbox_available, wait_until_async};
 
 const POLICY: &str = r#"version = 1
 [profiles.default]
 read = ["/usr"]
 read_optional = ["/bin", "/lib", "/lib64", "/etc/ld.so.cache"]
 tmpfs = { "/tmp" = "16MiB" }
+# airlock_tests::HANG_GUARD: calls end by their own event (a cancel, close), however slow
+# the machine.
+limits = { timeout = "300s" }
 
 [tools.echo]
 description = "echo a text"
@@ -115,11 +117,10 @@ async fn close_cancels_running_calls_and_leaves_nothing_behind() {
             .await
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while host_processes_with(&format!("sleep {marker}")).is_empty() {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_async("the tool runs", || {
+        !host_processes_with(&format!("sleep {marker}")).is_empty()
+    })
+    .await;
     supervisor.close().await;
     let result = running.await.unwrap();
     assert_eq!(
@@ -153,9 +154,14 @@ async fn a_running_supervisor_does_not_adopt_the_gateways_orphans() {
     }
     let supervisor = airlock_tests::supervisor();
     // The gateway runs a helper that leaves a grandchild behind and exits. The grandchild
-    // must not hold the stdout pipe, or `output` would wait for it to end.
+    // must not hold the stdout pipe, or `output` would wait for it to end. It sleeps until
+    // killed below, however long this takes on a slow machine.
+    let script = format!(
+        "/bin/sleep {} </dev/null >/dev/null 2>&1 & echo $!",
+        HANG_GUARD.as_secs()
+    );
     let out = std::process::Command::new("/bin/sh")
-        .args(["-c", "/bin/sleep 3 </dev/null >/dev/null 2>&1 & echo $!"])
+        .args(["-c", &script])
         .stdout(std::process::Stdio::piped())
         .output()
         .unwrap();
@@ -173,7 +179,7 @@ async fn a_running_supervisor_does_not_adopt_the_gateways_orphans() {
             .and_then(|v| v.trim().parse().ok())
     };
     // Re-parenting happens as its parent exits, which `output` waited for.
-    let parent = parent_of(orphan).expect("the orphan sleeps for 3 s");
+    let parent = parent_of(orphan).expect("the orphan sleeps until killed");
     // SAFETY: a plain syscall; the pid is the sleep started above, alive a moment ago.
     unsafe { libc::kill(orphan as i32, libc::SIGKILL) };
     assert_ne!(

@@ -5,9 +5,16 @@
 use std::net::TcpListener;
 use std::path::Path;
 
-use airlock_tests::{Scratch, exec_json, sandbox_available, stdout_of, test_policy};
+use airlock_tests::{
+    Scratch, exec_json, sandbox_available, stdout_of, test_policy, wait_until_async,
+};
 
 const CONNECT: &str = "import socket, sys\nfor port in sys.argv[1:]:\n    try:\n        socket.create_connection(('127.0.0.1', int(port)), timeout=2).close()\n        print(port, 'connected')\n    except OSError as e:\n        print(port, 'errno', e.errno)\n";
+
+/// The limits of a call that must finish: a deadline that is only a hang guard.
+fn timeout() -> String {
+    format!("timeout = {}", airlock_tests::hang_guard_toml())
+}
 
 fn python_available() -> bool {
     Path::new("/usr/bin/python3").exists()
@@ -21,7 +28,7 @@ fn loopback_mode_has_its_own_loopback_and_cannot_reach_the_hosts() {
     let host = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = host.local_addr().unwrap().port().to_string();
     let scratch = Scratch::new("net-loopback");
-    let policy = scratch.write("p.toml", &test_policy(&[], "timeout = \"10s\"", "loopback"));
+    let policy = scratch.write("p.toml", &test_policy(&[], &timeout(), "loopback"));
     let result = exec_json(
         Some(&policy),
         &[],
@@ -47,7 +54,7 @@ fn host_network_is_narrowed_to_the_allowed_tcp_ports() {
         denied.local_addr().unwrap().port(),
     );
     let scratch = Scratch::new("net-host");
-    let base = test_policy(&[], "timeout = \"10s\"", "none");
+    let base = test_policy(&[], &timeout(), "none");
     let policy_text = base.replace(
         "network = \"none\"",
         &format!("network = {{ connect = [\"tcp:{a}\"] }}"),
@@ -127,7 +134,7 @@ read_optional = ["/bin", "/lib", "/lib64", "/etc/ld.so.cache"]
 write = [{shared:?}]
 tmpfs = {{ "/tmp" = "16MiB" }}
 network = "none"
-limits = {{ timeout = "60s" }}
+limits = {{ timeout = {timeout} }}
 
 {listen}
 {connect}
@@ -135,10 +142,14 @@ limits = {{ timeout = "60s" }}
 {tcp}"#,
         probe_dir = probe.parent().unwrap().display().to_string(),
         shared = shared_dir.display().to_string(),
-        listen = tool("listen", &["listen-abstract", "{name}", "{ready}", "{ms}"]),
+        listen = tool(
+            "listen",
+            &["listen-abstract", "{name}", "{ready}", "{done}"]
+        ),
         connect = tool("connect", &["connect-abstract", "{name}"]),
         pair = tool("pair", &["abstract-pair", "{name}"]),
         tcp = tool("tcp", &["connect-tcp", "{addr}"]),
+        timeout = airlock_tests::hang_guard_toml(),
     )
 }
 
@@ -167,7 +178,7 @@ async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    let probe = airlock_tests::fixture_bin("airlock-probe");
+    let probe = scratch.stage("airlock-probe");
     let policy =
         airlock_policy::load_policy_str(&neighbours_policy(&probe, &shared_dir), "neighbours.toml")
             .unwrap()
@@ -182,6 +193,7 @@ async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
     let gate = Arc::new(Gate::new(Arc::clone(&supervisor), policy));
     let name = format!("airlock-neighbour-{}", std::process::id());
     let ready_file = shared_dir.join("ready");
+    let done_file = shared_dir.join("done");
     let call = |id: &str, tool: &str, arguments: serde_json::Value| ToolCall {
         call_id: id.into(),
         tool: tool.into(),
@@ -206,7 +218,7 @@ async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
         let arguments = serde_json::json!({
             "name": name,
             "ready": ready_file.display().to_string(),
-            "ms": "3000",
+            "done": done_file.display().to_string(),
         });
         tokio::spawn(async move {
             gate.call(
@@ -216,20 +228,17 @@ async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
             .await
         })
     };
-    let waited = std::time::Instant::now();
-    while !ready_file.exists() {
-        assert!(
-            waited.elapsed() < std::time::Duration::from_secs(50),
-            "the listener never got ready"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    wait_until_async("the listener is ready", || ready_file.exists()).await;
     let connect = gate
         .call(
             &call("connect", "connect", serde_json::json!({ "name": name })),
             &CallOptions::default(),
         )
         .await;
+    // The listener stays until told the attack is over, not for a time the connecting
+    // sandbox's start could outlast: had it gone, the connect would be refused for want of
+    // a listener, not by the boundary.
+    std::fs::write(&done_file, b"done").unwrap();
     let listen = listen.await.unwrap();
     assert!(connect.ok, "{connect:?}");
     assert!(listen.ok, "{listen:?}");

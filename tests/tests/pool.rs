@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use airlock::SandboxRun;
 use airlock::pool::{ManualClock, PoolSize};
 use airlock_policy::load_policy_str;
-use airlock_tests::sandbox_available;
+use airlock_tests::{HANG_GUARD, sandbox_available, wait_until_async};
 
 fn run(profile: &Arc<airlock_policy::CompiledProfile>, script: &str) -> SandboxRun {
     SandboxRun {
@@ -18,19 +18,19 @@ fn run(profile: &Arc<airlock_policy::CompiledProfile>, script: &str) -> SandboxR
         argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
         stdin: Vec::new(),
         arguments_json: "{}".into(),
-        timeout: Duration::from_secs(10),
+        timeout: HANG_GUARD,
         inherit_stdio: None,
         builtin: None,
     }
 }
 
-/// Waits (up to 20 s) until the supervisor's pool counters satisfy `done`.
+/// Waits until the supervisor's pool counters satisfy `done` (fails only at the hang guard).
 async fn wait_for(
     supervisor: &airlock::Supervisor,
     what: &str,
     done: impl Fn(&airlock::pool::PoolStats) -> bool,
 ) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + HANG_GUARD;
     while !done(&supervisor.pool_stats()) {
         assert!(
             Instant::now() < deadline,
@@ -82,11 +82,7 @@ async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
 
     let pooled = Arc::new(airlock_tests::supervisor());
     pooled.keep_warm(Arc::clone(&profile), 2);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while pooled.pool_stats().idle < 2 {
-        assert!(Instant::now() < deadline, "the pool never filled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(&pooled, "the pool is filled", |s| s.idle >= 2).await;
     let first = pooled.run(run(&profile, INSIDE), None).await;
     let second = pooled.run(run(&profile, INSIDE), None).await;
     assert!(first.ok && second.ok, "{first:?} {second:?}");
@@ -123,11 +119,7 @@ async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
         .await;
     assert_eq!(next.stdout, "fresh\n");
     // The pool refills off the critical path.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while pooled.pool_stats().idle < 2 {
-        assert!(Instant::now() < deadline, "the pool never refilled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(&pooled, "the pool is refilled", |s| s.idle >= 2).await;
     pooled.close().await;
     assert_eq!(pooled.pool_stats().idle, 0);
 }
@@ -159,15 +151,10 @@ limits = { memory = "96MiB", pids = 64, timeout = "20s" }
     let profile = Arc::clone(&policy.profiles["default"]);
     let supervisor = airlock_tests::supervisor();
     // Each call's cgroup is released (recycled or removed) after its answer.
-    let settled = || async {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while supervisor.calls_in_flight() > 0 {
-            assert!(
-                Instant::now() < deadline,
-                "a call never finished cleaning up"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    let settled = || {
+        wait_until_async("the call finished cleaning up", || {
+            supervisor.calls_in_flight() == 0
+        })
     };
     let peak = |r: &airlock::ToolResult| r.usage.peak_memory_bytes.unwrap_or(0);
 
@@ -264,13 +251,7 @@ env = {{ PATH = "/usr/bin:/bin" }}
     let profile = Arc::clone(&policy.profiles["t"]);
     let pooled = Arc::new(airlock_tests::supervisor());
     pooled.keep_warm(Arc::clone(&profile), 1);
-    let wait_idle = || async {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while pooled.pool_stats().idle < 1 {
-            assert!(Instant::now() < deadline, "the pool never filled");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
+    let wait_idle = || wait_for(&pooled, "the pool is filled", |s| s.idle >= 1);
     let cat = format!("cat {}", file.display());
     wait_idle().await;
     let first = pooled.run(run(&profile, &cat), None).await;

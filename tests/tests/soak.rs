@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use airlock::{CancelSignal, ErrorKind, SandboxRun, Supervisor};
 use airlock_policy::{CompiledProfile, load_policy_str};
 use airlock_tests::{
-    our_cgroup_dirs, our_children, sandbox_available, supervisor_with_hostile_worker, test_policy,
+    HANG_GUARD, our_cgroup_dirs, our_children, sandbox_available, supervisor_with_hostile_worker,
+    test_policy,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -67,18 +68,15 @@ impl Rig {
     async fn call(&self, i: usize) -> (usize, Fault, String, Option<ErrorKind>) {
         let fault = Fault::for_call(i);
         let call_id = format!("soak-{i}");
-        let (supervisor, argv, timeout) = match fault {
-            Fault::None => (&self.real, vec!["/bin/true".to_string()], 30),
-            Fault::OutOfMemory => (
-                &self.real,
-                vec![self.probe.clone(), "memory-bomb".into()],
-                30,
-            ),
-            Fault::Timeout => (&self.real, vec![self.probe.clone(), "sleep".into()], 0),
-            Fault::Cancel => (&self.real, vec![self.probe.clone(), "sleep".into()], 30),
-            Fault::WorkerCrash => (&self.crash, vec!["/bin/true".to_string()], 30),
-            Fault::GarbageFrames => (&self.garbage, vec!["/bin/true".to_string()], 30),
-            Fault::EarlyExit => (&self.early_exit, vec!["/bin/true".to_string()], 30),
+        let (supervisor, argv) = match fault {
+            Fault::None => (&self.real, vec!["/bin/true".to_string()]),
+            Fault::OutOfMemory => (&self.real, vec![self.probe.clone(), "memory-bomb".into()]),
+            Fault::Timeout | Fault::Cancel => {
+                (&self.real, vec![self.probe.clone(), "sleep".into()])
+            }
+            Fault::WorkerCrash => (&self.crash, vec!["/bin/true".to_string()]),
+            Fault::GarbageFrames => (&self.garbage, vec!["/bin/true".to_string()]),
+            Fault::EarlyExit => (&self.early_exit, vec!["/bin/true".to_string()]),
         };
         let run = SandboxRun {
             call_id: call_id.clone(),
@@ -87,11 +85,13 @@ impl Rig {
             argv,
             stdin: Vec::new(),
             arguments_json: "{}".into(),
-            // The timeout fault: a deadline the sleeping probe cannot meet.
-            timeout: if timeout == 0 {
+            // The timeout fault: a deadline the sleeping probe cannot meet. Every other call
+            // ends by its own event, however loaded the machine: its deadline is a hang
+            // guard.
+            timeout: if fault == Fault::Timeout {
                 Duration::from_millis(300)
             } else {
-                Duration::from_secs(timeout)
+                HANG_GUARD
             },
             inherit_stdio: None,
             builtin: None,
@@ -159,7 +159,8 @@ async fn every_call_of_a_faulty_soak_gets_one_result_and_nothing_is_left_behind(
     let fds_before = open_fds();
     let mounts_before = mount_count();
 
-    let probe = airlock_tests::fixture_bin("airlock-probe");
+    let scratch = airlock_tests::Scratch::new("soak");
+    let probe = scratch.stage("airlock-probe");
     let text = test_policy(&[&probe], "memory = \"32MiB\", pids = 16", "none");
     let policy = load_policy_str(&text, "soak").unwrap();
     let rig = Arc::new(Rig {
