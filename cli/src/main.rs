@@ -93,8 +93,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print the JSON Schema of the policy file format (for editors).
-    Schema,
+    /// Print the JSON Schema of the policy file format (for editors), or with --daemon
+    /// that of the daemon's requests and answers.
+    Schema {
+        /// The daemon protocol's schema instead of the policy file's.
+        #[arg(long)]
+        daemon: bool,
+    },
     /// Run a command in a sandbox profile; stdio passes through, its exit code is ours.
     ///
     /// Exit codes: the command's own; 128+N if it died of signal N; 124 timeout; 125 sandbox
@@ -680,7 +685,12 @@ fn main() -> ExitCode {
             load_policy(policy.as_ref(), preset.as_deref(), "examples")
                 .and_then(|loaded| run_tool(loaded.policy, tool, &input, flags))
         }
-        Command::Schema => write_stdout(presets::POLICY_FILE_SCHEMA).map(|()| ExitCode::SUCCESS),
+        Command::Schema { daemon } => write_stdout(if daemon {
+            airlock::daemon::PROTOCOL_SCHEMA
+        } else {
+            presets::POLICY_FILE_SCHEMA
+        })
+        .map(|()| ExitCode::SUCCESS),
         Command::Preset { name: None } => {
             let names: String = presets::PRESETS
                 .iter()

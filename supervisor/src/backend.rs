@@ -178,7 +178,6 @@ impl UnsafeLocal {
                 Ok(status) if status.success() => {
                     result.error = None;
                     result.exit_code = Some(0);
-                    result.output = Some(serde_json::Value::String(result.stdout.clone()));
                 }
                 Ok(status) => {
                     result.exit_code = status.code();

@@ -17,8 +17,9 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-/// Validates a successful result's stdout against the tool's output schema (parsed JSON
-/// becomes `output`); a mismatch turns the result into `output_invalid`.
+/// Validates a successful result's stdout against the tool's output schema: the parsed JSON
+/// becomes `output` and leaves `stdout` (a result never carries the same bytes twice); a
+/// mismatch turns the result into `output_invalid`, with stdout kept to show why.
 pub fn check_output(tool: &CompiledTool, result: &mut ToolResult) {
     let (true, Some(output_schema)) = (result.ok, &tool.output) else {
         return;
@@ -28,7 +29,10 @@ pub fn check_output(tool: &CompiledTool, result: &mut ToolResult) {
         ..InputLimits::default()
     };
     match output_schema.check_text(&result.stdout, limits) {
-        Ok(value) => result.output = Some(value),
+        Ok(value) => {
+            result.output = Some(value);
+            result.stdout = String::new();
+        }
         Err(e) => {
             result.ok = false;
             result.output = None;

@@ -183,7 +183,8 @@ pub struct ToolResult {
     pub tool: String,
     /// Success.
     pub ok: bool,
-    /// Tool output: parsed JSON when the tool has an output schema, else stdout as text.
+    /// A tool with an output schema: its stdout, parsed and checked (`stdout` is then
+    /// empty). Otherwise none: the output is `stdout`.
     pub output: Option<serde_json::Value>,
     /// The error when not ok.
     pub error: Option<ToolError>,

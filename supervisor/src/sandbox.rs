@@ -1690,9 +1690,6 @@ fn finish_exit(
             });
         }
     }
-    if result.error.is_none() {
-        result.output = Some(serde_json::Value::String(result.stdout.clone()));
-    }
 }
 
 #[cfg(test)]

@@ -36,6 +36,13 @@ command = ["/bin/sleep", "{seconds}"]
 side_effect = "read"
 input = { type = "object", properties = { seconds = { type = "string", pattern = "^[0-9.]+$" } }, required = ["seconds"] }
 
+[tools.guarded]
+description = "needs a human"
+command = ["/bin/echo", "{text}"]
+side_effect = "write"
+approval = "human"
+input = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
+
 [tools.big]
 description = "a megabyte of text"
 command = ["/bin/sh", "-c", "yes 0123456789abcdef | head -c 1000000"]
@@ -387,4 +394,119 @@ fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
         result["error"]["retry_after_ms"].as_u64().unwrap() > 0,
         "{answer}"
     );
+}
+
+/// A validator for one definition of the daemon's published schema.
+fn schema_of(definition: &str) -> jsonschema::Validator {
+    let root: Value = serde_json::from_str(airlock::daemon::PROTOCOL_SCHEMA).unwrap();
+    let schema = json!({
+        "$schema": root["$schema"],
+        "$defs": root["$defs"],
+        "$ref": format!("#/$defs/{definition}"),
+    });
+    jsonschema::validator_for(&schema).unwrap()
+}
+
+fn violations(validator: &jsonschema::Validator, instance: &Value) -> Vec<String> {
+    validator
+        .iter_errors(instance)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect()
+}
+
+#[test]
+fn every_answer_the_daemon_sends_matches_its_published_schema() {
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = Daemon::start(&[]);
+    let requests = schema_of("request");
+    let answers = schema_of("answer");
+    let mut client = daemon.connect();
+    let mut checked = std::collections::BTreeSet::new();
+    let mut check = |client: &mut Client, request: Value| -> Value {
+        let op = request["op"].as_str().unwrap().to_string();
+        assert!(
+            violations(&requests, &request).is_empty(),
+            "the schema refuses a request the daemon takes: {request}: {:?}",
+            violations(&requests, &request)
+        );
+        let answer = client.ask(request.clone());
+        for validator in [&answers, &schema_of(&format!("answers/properties/{op}"))] {
+            let found = violations(validator, &answer);
+            assert!(found.is_empty(), "{request} -> {answer}: {found:?}");
+        }
+        checked.insert(op);
+        answer
+    };
+    check(&mut client, json!({"id": 1, "op": "tools"}));
+    check(&mut client, json!({"id": 2, "op": "health"}));
+    let ok = check(&mut client, call(3, "echo", json!({"text": "hi"})));
+    assert_eq!(ok["result"]["ok"], true, "{ok}");
+    assert_eq!(
+        ok["result"]["output"],
+        Value::Null,
+        "stdout is not carried twice"
+    );
+    let invalid = check(&mut client, call(4, "echo", json!({"text": 5})));
+    assert_eq!(invalid["result"]["error"]["kind"], "invalid_input");
+    let unknown = check(&mut client, call(5, "nope", json!({})));
+    assert_eq!(unknown["result"]["error"]["kind"], "unknown_tool");
+    let mut dry = call(6, "echo", json!({"text": "hi"}));
+    dry["dry_run"] = json!(true);
+    check(&mut client, dry);
+    let mut short = call(7, "sleep", json!({"seconds": "600"}));
+    short["timeout_ms"] = json!(200);
+    let timed_out = check(&mut client, short);
+    assert_eq!(timed_out["result"]["error"]["kind"], "timeout");
+    let needs = check(&mut client, call(8, "guarded", json!({"text": "hi"})));
+    assert_eq!(needs["result"]["error"]["kind"], "approval_required");
+    let mut propose = call(9, "guarded", json!({"text": "hi"}));
+    propose["op"] = json!("propose");
+    let proposed = check(&mut client, propose);
+    let approval_id = proposed["result"]["approval"]["approval_id"].clone();
+    let executed = check(
+        &mut client,
+        json!({"id": 10, "op": "execute", "approval_id": approval_id}),
+    );
+    assert_eq!(executed["result"]["ok"], true, "{executed}");
+    check(
+        &mut client,
+        json!({"id": 11, "op": "reject", "approval_id": approval_id}),
+    );
+    check(
+        &mut client,
+        json!({"id": 12, "op": "set_state", "tool": "echo", "state": "deferred"}),
+    );
+    check(
+        &mut client,
+        json!({"id": 13, "op": "set_state", "tool": "echo", "state": "active"}),
+    );
+    check(&mut client, json!({"id": 14, "op": "cancel", "target": 99}));
+    check(&mut client, json!({"id": 15, "op": "stats"}));
+    // Refusals are answers too.
+    for bad in [
+        json!({"id": 16, "op": "call", "tool": "echo", "arguments": {}, "extra": 1}),
+        json!({"id": 17, "op": "nope"}),
+    ] {
+        assert!(
+            !violations(&requests, &bad).is_empty(),
+            "the schema takes {bad}"
+        );
+        let answer = client.ask(bad.clone());
+        assert_eq!(answer["error"]["kind"], "invalid_request", "{answer}");
+        assert!(violations(&answers, &answer).is_empty(), "{answer}");
+    }
+    let ops = [
+        "call",
+        "cancel",
+        "execute",
+        "health",
+        "propose",
+        "reject",
+        "set_state",
+        "stats",
+        "tools",
+    ];
+    assert_eq!(checked, ops.iter().map(|s| s.to_string()).collect());
 }

@@ -31,8 +31,8 @@ pub(super) type InFlight = Arc<Mutex<HashMap<String, CancelSignal>>>;
 /// How an answer is framed for its client (a JSON line or a bincode frame, with its id).
 pub(super) type Reply = Box<dyn Fn(Value) -> Vec<u8> + Send + Sync>;
 
-/// An answer on its way out, with what it keeps taken until it is written: its bytes of
-/// the output budget and, for a call, the call's concurrency slot.
+/// An answer on its way out, with what it keeps taken: its bytes of the output budget until
+/// it is written and, for a call, the call's concurrency slot until its writing starts.
 #[derive(Debug)]
 struct Outgoing {
     bytes: Vec<u8>,
@@ -150,8 +150,10 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         let in_flight = Arc::clone(&in_flight);
         tokio::spawn(async move {
             while let Some(answer) = queued.recv().await {
-                if let Err(e) =
-                    write_within(&mut writer, &answer.bytes, shared.config.write_timeout).await
+                // The slot goes back as its answer starts out, not after: a client that reads
+                // the answer and at once sends its next call must find the slot free.
+                let Outgoing { bytes, _budget, .. } = answer;
+                if let Err(e) = write_within(&mut writer, &bytes, shared.config.write_timeout).await
                 {
                     if e.kind() == std::io::ErrorKind::TimedOut {
                         shared.stats.closed_unread.fetch_add(1, Ordering::Relaxed);

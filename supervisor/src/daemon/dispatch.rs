@@ -252,7 +252,8 @@ fn retry_after_ms(waiting: usize, max_concurrent: usize) -> u64 {
 
 /// Admission (a unique id, the input budget, a bounded queue, concurrency slots), then the
 /// call in its own task, cancellable by `cancel`, by the client leaving, or by shutdown.
-/// The call's slot is given back once its answer is written, not when it finishes.
+/// The call's slot is given back when its answer starts out to the client, not when it
+/// finishes.
 async fn spawn_call<F>(
     shared: &Arc<Shared>,
     admission: Admission,

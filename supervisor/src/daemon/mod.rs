@@ -9,8 +9,9 @@
 //! Everything a client can make the daemon hold is bounded, summed over all clients: the
 //! connections open, the bytes of unfinished request lines and of admitted calls' arguments
 //! (the input budget), and the bytes of answers not yet written (the output budget). A
-//! finished call keeps its concurrency slot until its answer is written, so a client that
-//! does not read stops getting calls run, and a connection that takes no bytes for
+//! finished call keeps its concurrency slot until its answer starts out to the client (its
+//! connection writes one answer at a time), so a client that does not read stops getting
+//! calls run, and a connection that takes no bytes for
 //! `write_timeout` is closed and its calls cancelled.
 
 mod budget;
@@ -36,6 +37,10 @@ pub use wire::{
     CallRequest, CancelRequest, ExecuteRequest, FrameRequest, FrameResponse, MAX_ID_BYTES,
     MAX_REQUEST_BYTES, Op, RejectRequest, RequestError, SetStateRequest, parse_line, parse_op,
 };
+
+/// The JSON Schema of the daemon's JSON lines: every request a client may send and every
+/// answer the daemon sends (`airlock schema --daemon`; docs/daemon.md explains it).
+pub const PROTOCOL_SCHEMA: &str = include_str!("protocol.schema.json");
 
 /// Why the daemon could not start or stopped.
 #[derive(Debug, thiserror::Error)]
