@@ -186,6 +186,13 @@ enum Command {
         /// Also allow peers with this gid.
         #[arg(long = "allow-gid")]
         allow_gids: Vec<u32>,
+        /// Only peers with this uid (or an --approver-gid) may execute and reject approvals
+        /// and set tools' states; without either, every allowed peer may.
+        #[arg(long = "approver-uid")]
+        approver_uids: Vec<u32>,
+        /// See --approver-uid.
+        #[arg(long = "approver-gid")]
+        approver_gids: Vec<u32>,
         /// Calls running at once.
         #[arg(long, default_value_t = 8)]
         max_concurrent: usize,
@@ -710,6 +717,8 @@ fn main() -> ExitCode {
             audit,
             allow_uids,
             allow_gids,
+            approver_uids,
+            approver_gids,
             max_concurrent,
             max_queued,
             grace,
@@ -729,6 +738,8 @@ fn main() -> ExitCode {
                 let mut config = airlock::daemon::DaemonConfig::new(socket);
                 config.allow_uids = allow_uids;
                 config.allow_gids = allow_gids;
+                config.approver_uids = approver_uids;
+                config.approver_gids = approver_gids;
                 config.max_concurrent = max_concurrent;
                 config.max_queued = max_queued;
                 config.grace = grace;

@@ -7,19 +7,19 @@
 #![allow(clippy::result_large_err)]
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Read;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use airlock_policy::compile::sha256_hex;
 use airlock_policy::rules::{Decision, RateLimit, Verdict, decide};
 use airlock_policy::schema::{InputError, InputLimits};
 use airlock_policy::validate::{SideEffect, ToolState};
 use airlock_policy::{CompiledPolicy, CompiledTool};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+pub use crate::approvals::{Approval, canonical_json};
+use crate::approvals::{ApprovalStore, DigestKey, Pending, random_id, tool_version};
 use crate::audit::{AuditSink, Event, EventKind, sanitize};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
@@ -72,39 +72,6 @@ pub struct CallOptions {
     pub cancel: Option<CancelSignal>,
     /// A deadline shorter than the tool's own (a longer one is cut to the tool's).
     pub timeout: Option<std::time::Duration>,
-}
-
-/// A serialisable two-phase approval.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Approval {
-    /// 128-bit random id, hex.
-    pub approval_id: String,
-    /// Tool name.
-    pub tool: String,
-    /// SHA-256 of the canonical validated input (with the tool name).
-    pub input_digest: String,
-    /// The argv the call will run.
-    pub argv_preview: Vec<String>,
-    /// The policy version it was proposed under.
-    pub policy_version: String,
-    /// Expiry, milliseconds since the Unix epoch.
-    pub expires_at_ms: u64,
-    /// The rule that asked for review (or `approval = "human"`).
-    pub rule: String,
-}
-
-#[derive(Debug)]
-struct Pending {
-    approval: Approval,
-    call_id: String,
-    arguments: String,
-    session: Option<String>,
-}
-
-/// Bounded store of pending approvals with a TTL.
-#[derive(Debug)]
-struct ApprovalStore {
-    pending: HashMap<String, Pending>,
 }
 
 /// A token bucket.
@@ -215,6 +182,9 @@ pub struct Gate {
     policy: RwLock<Arc<CompiledPolicy>>,
     states: Mutex<HashMap<String, ToolState>>,
     approvals: Mutex<ApprovalStore>,
+    /// The secret of input digests; none when the OS had no random source, and then every
+    /// call is refused rather than digested guessably.
+    digest_key: Option<DigestKey>,
     rates: Mutex<RateState>,
     clock: Arc<dyn Clock>,
     callback: Option<Arc<dyn ApprovalCallback>>,
@@ -222,43 +192,11 @@ pub struct Gate {
     audit: Option<AuditSink>,
 }
 
-/// Canonical JSON: keys sorted at every level, no whitespace.
-pub fn canonical_json(value: &Value) -> String {
-    fn sort(value: &Value) -> Value {
-        match value {
-            Value::Object(map) => {
-                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-                entries.sort_by(|a, b| a.0.cmp(b.0));
-                Value::Object(
-                    entries
-                        .into_iter()
-                        .map(|(k, v)| (k.clone(), sort(v)))
-                        .collect(),
-                )
-            }
-            Value::Array(items) => Value::Array(items.iter().map(sort).collect()),
-            other => other.clone(),
-        }
-    }
-    sort(value).to_string()
-}
-
-/// Digest binding a tool name to its canonical input.
-pub fn input_digest(tool: &str, input: &Value) -> String {
-    sha256_hex(format!("{tool}\n{}", canonical_json(input)).as_bytes())
-}
-
-pub(crate) fn random_id() -> String {
-    let mut bytes = [0u8; 16];
-    let filled = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if filled.is_err() {
-        // Never hand out a guessable id: mix the clock and an address, and log loudly.
-        tracing::error!("cannot read /dev/urandom for an approval id");
-        let seed = format!("{:?}{:p}", SystemTime::now(), &bytes);
-        let digest = sha256_hex(seed.as_bytes());
-        return digest[..32].to_string();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The version of `tool` under `policy` (see [`tool_version`]); none when it is gone.
+fn current_tool_version(policy: &CompiledPolicy, tool: &str) -> Option<String> {
+    let tool = policy.tools.get(tool)?;
+    let profile = policy.profiles.get(&tool.tool.profile);
+    Some(tool_version(tool, profile.map(AsRef::as_ref)))
 }
 
 fn rejected(call: &ToolCall, error: ToolError) -> ToolResult {
@@ -307,9 +245,8 @@ impl Gate {
             supervisor,
             policy: RwLock::new(Arc::new(policy)),
             states: Mutex::new(HashMap::new()),
-            approvals: Mutex::new(ApprovalStore {
-                pending: HashMap::new(),
-            }),
+            approvals: Mutex::new(ApprovalStore::default()),
+            digest_key: DigestKey::random(),
             rates: Mutex::new(RateState::default()),
             clock: Arc::new(SystemClock),
             callback: None,
@@ -327,6 +264,13 @@ impl Gate {
     /// Decides approvals with `callback` instead of the two-phase flow.
     pub fn with_approval_callback(mut self, callback: Arc<dyn ApprovalCallback>) -> Self {
         self.callback = Some(callback);
+        self
+    }
+
+    /// Digests inputs under `key` instead of a random one of its own (digests in audit logs
+    /// then stay comparable across restarts).
+    pub fn with_digest_key(mut self, key: DigestKey) -> Self {
+        self.digest_key = Some(key);
         self
     }
 
@@ -354,14 +298,19 @@ impl Gate {
         }
     }
 
-    /// Replaces the policy atomically; outstanding approvals become invalid.
+    /// Replaces the policy atomically. Pending approvals stay valid only where their tool and
+    /// its profile are unchanged.
     pub fn reload(&self, policy: CompiledPolicy) {
+        let policy = Arc::new(policy);
         match self.policy.write() {
-            Ok(mut p) => *p = Arc::new(policy),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(policy),
+            Ok(mut p) => *p = Arc::clone(&policy),
+            Err(poisoned) => *poisoned.into_inner() = Arc::clone(&policy),
         }
         if let Ok(mut store) = self.approvals.lock() {
-            store.pending.clear();
+            store.retain(|approval| {
+                current_tool_version(&policy, &approval.tool).as_deref()
+                    == Some(approval.tool_version.as_str())
+            });
         }
     }
 
@@ -427,7 +376,13 @@ impl Gate {
         let argv = tool
             .render_argv(&input)
             .map_err(|e| ToolError::new(ErrorKind::InvalidInput, e.to_string()))?;
-        let digest = input_digest(&tool.tool.name, &input);
+        let Some(key) = &self.digest_key else {
+            return Err(ToolError::new(
+                ErrorKind::SandboxUnavailable,
+                "the OS random source failed at start: no key to digest inputs with",
+            ));
+        };
+        let digest = key.input_digest(&tool.tool.name, &input);
         Ok(Prepared {
             tool,
             input,
@@ -700,47 +655,64 @@ impl Gate {
         let verdict = self.decide(call, opts, &prepared)?;
         let now = self.clock.now();
         let gate = &prepared.policy.gate;
+        let tool = &prepared.tool.tool;
+        let unavailable = |message: &str| {
+            rejected(
+                call,
+                ToolError::new(ErrorKind::Overloaded, message.to_string()),
+            )
+        };
+        // Never a guessable id: without the OS random source there is no approval.
+        let approval_id =
+            random_id().ok_or_else(|| unavailable("no random source for an approval id"))?;
+        let (rule, reason) = if verdict.decision == Decision::Review {
+            let reason = format!("rule {} asks a human to review this call", verdict.rule);
+            (verdict.rule.clone(), reason)
+        } else if tool.approval == airlock_policy::validate::Approval::Human {
+            let reason = format!("tool {} asks a human to approve every call", tool.name);
+            ("approval".to_string(), reason)
+        } else {
+            let reason = format!("proposed by the caller; rule {} allows it", verdict.rule);
+            (verdict.rule.clone(), reason)
+        };
         let approval = Approval {
-            approval_id: random_id(),
+            approval_id,
             tool: call.tool.clone(),
+            arguments: prepared.input.clone(),
             input_digest: prepared.digest.clone(),
             argv_preview: prepared.argv.clone(),
+            builtin: tool.builtin.map(|b| b.name().to_string()),
+            profile: tool.profile.clone(),
+            timeout_ms: u64::try_from(tool.timeout.as_millis()).unwrap_or(u64::MAX),
+            session: opts.session.clone(),
+            rule,
+            reason,
             policy_version: prepared.policy.version.clone(),
+            tool_version: tool_version(
+                &prepared.tool,
+                prepared
+                    .policy
+                    .profiles
+                    .get(&tool.profile)
+                    .map(AsRef::as_ref),
+            ),
             expires_at_ms: millis(now + gate.approval_ttl),
-            rule: verdict.rule.clone(),
         };
         {
             let Ok(mut store) = self.approvals.lock() else {
-                return Err(rejected(
-                    call,
-                    ToolError::new(ErrorKind::Overloaded, "approval store unavailable"),
-                ));
+                return Err(unavailable("approval store unavailable"));
             };
-            let now_ms = millis(now);
-            store
-                .pending
-                .retain(|_, p| p.approval.expires_at_ms > now_ms);
-            if store.pending.len() >= gate.max_pending_approvals {
-                return Err(rejected(
-                    call,
-                    ToolError::new(
-                        ErrorKind::Overloaded,
-                        format!(
-                            "{} approvals are pending; reject or execute some first",
-                            store.pending.len()
-                        ),
-                    ),
-                ));
+            let pending = store.expire(millis(now));
+            if pending >= gate.max_pending_approvals {
+                return Err(unavailable(&format!(
+                    "{pending} approvals are pending; reject or execute some first"
+                )));
             }
-            store.pending.insert(
-                approval.approval_id.clone(),
-                Pending {
-                    approval: approval.clone(),
-                    call_id: call.call_id.clone(),
-                    arguments: canonical_json(&prepared.input),
-                    session: opts.session.clone(),
-                },
-            );
+            store.insert(Pending {
+                approval: approval.clone(),
+                call_id: call.call_id.clone(),
+                arguments: canonical_json(&prepared.input),
+            });
         }
         let mut event = Event::new(
             EventKind::ApprovalRequired,
@@ -763,7 +735,7 @@ impl Gate {
             .approvals
             .lock()
             .ok()
-            .and_then(|mut store| store.pending.remove(approval_id));
+            .and_then(|mut store| store.take(approval_id));
         let invalid = |reason: &str| {
             ToolResult::rejected(
                 "",
@@ -778,7 +750,9 @@ impl Gate {
             )
         };
         let Some(pending) = pending else {
-            return invalid("unknown, already used, rejected, or invalidated by a policy reload");
+            return invalid(
+                "unknown, already used, rejected, or its tool changed in a policy reload",
+            );
         };
         let call = ToolCall {
             call_id: pending.call_id.clone(),
@@ -794,8 +768,17 @@ impl Gate {
             return with_ids(invalid("expired"));
         }
         let policy = self.policy();
-        if policy.version != pending.approval.policy_version {
-            return with_ids(invalid("the policy changed since it was proposed"));
+        if current_tool_version(&policy, &call.tool).as_deref()
+            != Some(pending.approval.tool_version.as_str())
+        {
+            return with_ids(invalid(
+                "the tool or its profile changed since it was proposed",
+            ));
+        }
+        // The proposer's session is the one the call counts against: an executor cannot
+        // move it to a session with budget left.
+        if opts.session.is_some() && opts.session != pending.approval.session {
+            return with_ids(invalid("it belongs to another session"));
         }
         let prepared = match self.prepare(&call) {
             Ok(p) => p,
@@ -804,9 +787,8 @@ impl Gate {
         if prepared.digest != pending.approval.input_digest {
             return with_ids(invalid("the input digest does not match"));
         }
-        let session = opts.session.clone().or(pending.session.clone());
         let opts = CallOptions {
-            session,
+            session: pending.approval.session.clone(),
             ..opts.clone()
         };
         let verdict = match self.decide(&call, &opts, &prepared) {
@@ -834,12 +816,12 @@ impl Gate {
             .approvals
             .lock()
             .ok()
-            .and_then(|mut store| store.pending.remove(approval_id));
+            .and_then(|mut store| store.take(approval_id));
         if let Some(pending) = &removed {
             let mut event = Event::new(
                 EventKind::ApprovalRejected,
                 &pending.call_id,
-                pending.session.as_deref(),
+                pending.approval.session.as_deref(),
                 &pending.approval.tool,
             );
             event.approval_id = Some(pending.approval.approval_id.clone());
@@ -853,10 +835,7 @@ impl Gate {
         let now = millis(self.clock.now());
         self.approvals
             .lock()
-            .map(|mut store| {
-                store.pending.retain(|_, p| p.approval.expires_at_ms > now);
-                store.pending.len()
-            })
+            .map(|mut store| store.expire(now))
             .unwrap_or(0)
     }
 

@@ -37,6 +37,7 @@
 //! }
 //! ```
 
+pub mod approvals;
 pub mod audit;
 pub mod backend;
 pub mod call;

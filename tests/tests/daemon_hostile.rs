@@ -510,3 +510,39 @@ fn every_answer_the_daemon_sends_matches_its_published_schema() {
     ];
     assert_eq!(checked, ops.iter().map(|s| s.to_string()).collect());
 }
+
+#[test]
+fn with_an_approver_role_only_approvers_execute_reject_or_set_state() {
+    if !sandbox_available() {
+        return;
+    }
+    let mut propose = call("p", "guarded", json!({"text": "hi"}));
+    propose["op"] = json!("propose");
+    // Approvers are some other uid: this client may propose, nothing more.
+    let daemon = Daemon::start(&["--approver-uid", "4242"]);
+    let mut client = daemon.connect();
+    let proposed = client.ask(propose.clone());
+    let approval_id = proposed["result"]["approval"]["approval_id"].clone();
+    assert!(approval_id.is_string(), "{proposed}");
+    for request in [
+        json!({"id": 1, "op": "execute", "approval_id": approval_id}),
+        json!({"id": 2, "op": "reject", "approval_id": approval_id}),
+        json!({"id": 3, "op": "set_state", "tool": "echo", "state": "suspended"}),
+    ] {
+        let answer = client.ask(request.clone());
+        assert_eq!(answer["error"]["kind"], "forbidden", "{request}: {answer}");
+    }
+    // The approval is still pending, untouched by the refused attempts.
+    assert_eq!(daemon.stats()["pending_approvals"], 1);
+    drop(daemon);
+
+    // This uid as the approver: the same approval flow runs.
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() }.to_string();
+    let daemon = Daemon::start(&["--approver-uid", &me]);
+    let mut client = daemon.connect();
+    let proposed = client.ask(propose);
+    let approval_id = proposed["result"]["approval"]["approval_id"].clone();
+    let executed = client.ask(json!({"id": 4, "op": "execute", "approval_id": approval_id}));
+    assert_eq!(executed["result"]["ok"], true, "{executed}");
+}

@@ -292,7 +292,13 @@ async fn concurrent_executes_of_one_approval_run_exactly_once() {
         "tool",
         "input_digest",
         "argv_preview",
+        "arguments",
+        "builtin",
+        "profile",
+        "timeout_ms",
+        "reason",
         "policy_version",
+        "tool_version",
         "expires_at_ms",
     ] {
         assert!(json.get(field).is_some(), "{field}");
@@ -324,13 +330,84 @@ async fn approvals_expire_are_single_use_and_die_with_a_policy_reload() {
         .unwrap();
     assert!(gate.reject(&rejected.approval_id));
     assert!(!gate.reject(&rejected.approval_id));
+    // A reload that leaves the tool and its profile as they were keeps the approval.
     gate.reload(
         load_policy_str(&format!("{POLICY}\n# changed\n"), "gate.toml")
             .unwrap()
             .policy,
     );
-    let stale = gate.execute(&reloaded.approval_id, &opts).await;
+    let kept = gate.execute(&reloaded.approval_id, &opts).await;
+    assert_eq!(kind(&kept), None, "{kept:?}");
+    // One that changes what the tool runs does not.
+    let changing = gate
+        .propose(&call("guarded", serde_json::json!({"text": "z"})), &opts)
+        .unwrap();
+    let changed = POLICY.replacen(
+        r#"description = "needs a human"
+command = ["/bin/echo", "{text}"]"#,
+        r#"description = "needs a human"
+command = ["/bin/echo", "-n", "{text}"]"#,
+        1,
+    );
+    assert_ne!(changed, POLICY);
+    gate.reload(load_policy_str(&changed, "gate.toml").unwrap().policy);
+    let stale = gate.execute(&changing.approval_id, &opts).await;
     assert_eq!(kind(&stale), Some(ErrorKind::ApprovalInvalid));
+    assert!(stale.error.unwrap().message.contains("changed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_shows_what_will_run_and_counts_against_the_proposers_session() {
+    if !sandbox_available() {
+        return;
+    }
+    let gate = gate_with(None);
+    let proposer = CallOptions {
+        session: Some("proposer".into()),
+        ..Default::default()
+    };
+    let approval = gate
+        .propose(
+            &call("guarded", serde_json::json!({"text": "hi"})),
+            &proposer,
+        )
+        .unwrap();
+    assert_eq!(approval.arguments, serde_json::json!({"text": "hi"}));
+    assert_eq!(approval.argv_preview, ["/bin/echo", "hi"]);
+    assert_eq!(approval.builtin, None);
+    assert_eq!(approval.session.as_deref(), Some("proposer"));
+    assert_eq!(approval.rule, "approval");
+    assert!(approval.reason.contains("guarded"), "{}", approval.reason);
+    assert_eq!(approval.input_digest.len(), 64);
+    // The executor cannot move the call to another session's budget.
+    let elsewhere = CallOptions {
+        session: Some("other".into()),
+        ..Default::default()
+    };
+    let moved = gate.execute(&approval.approval_id, &elsewhere).await;
+    assert_eq!(kind(&moved), Some(ErrorKind::ApprovalInvalid));
+    assert!(moved.error.unwrap().message.contains("session"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn input_digests_are_keyed_per_gate() {
+    if !sandbox_available() {
+        return;
+    }
+    let input = serde_json::json!({"text": "a guessable secret"});
+    let a = gate_with(None)
+        .propose(&call("guarded", input.clone()), &CallOptions::default())
+        .unwrap();
+    let b = gate_with(None)
+        .propose(&call("guarded", input.clone()), &CallOptions::default())
+        .unwrap();
+    assert_ne!(
+        a.input_digest, b.input_digest,
+        "two gates must not digest the same input alike"
+    );
+    let key = airlock::approvals::DigestKey::from_bytes([1; 32]);
+    assert_eq!(a.arguments, b.arguments);
+    assert_eq!(key.input_digest("guarded", &input).len(), 64);
 }
 
 #[derive(Debug)]

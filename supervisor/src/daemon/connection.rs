@@ -70,10 +70,27 @@ impl Answers {
     }
 }
 
+/// What the client at the other end may do.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Peer {
+    /// May `execute` and `reject` approvals and `set_state` tools.
+    pub(super) may_approve: bool,
+}
+
 fn peer_allowed(config: &DaemonConfig, uid: u32, gid: u32) -> bool {
     uid == nix::unistd::geteuid().as_raw()
         || config.allow_uids.contains(&uid)
         || config.allow_gids.contains(&gid)
+        || config.approver_uids.contains(&uid)
+        || config.approver_gids.contains(&gid)
+}
+
+/// Without an approver role configured every allowed peer approves; with one, only its
+/// members do.
+fn peer_approves(config: &DaemonConfig, uid: u32, gid: u32) -> bool {
+    (config.approver_uids.is_empty() && config.approver_gids.is_empty())
+        || config.approver_uids.contains(&uid)
+        || config.approver_gids.contains(&gid)
 }
 
 /// One line of JSON, without an id, for a client the daemon will not serve.
@@ -124,6 +141,11 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     let allowed = cred
         .as_ref()
         .is_ok_and(|c| peer_allowed(&shared.config, c.uid(), c.gid()));
+    let peer = Peer {
+        may_approve: cred
+            .as_ref()
+            .is_ok_and(|c| peer_approves(&shared.config, c.uid(), c.gid())),
+    };
     if !allowed {
         shared.stats.refused_peers.fetch_add(1, Ordering::Relaxed);
         let who = cred
@@ -176,7 +198,7 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     };
     let held = shared.input.holder();
     tokio::select! {
-        () = read_requests(&shared, &mut reader, held, &answers, &in_flight) => {}
+        () = read_requests(&shared, &mut reader, held, &answers, &in_flight, peer) => {}
         () = gone.cancelled() => {}
     }
     // The client is gone or stopped reading: cancel everything it still had running.
@@ -197,6 +219,7 @@ async fn read_requests(
     held: Held,
     answers: &Answers,
     in_flight: &InFlight,
+    peer: Peer,
 ) {
     let mut first = [0u8; 1];
     let framed = match reader.read(&mut first).await {
@@ -204,9 +227,27 @@ async fn read_requests(
         _ => return,
     };
     if framed {
-        serve_frames(shared, reader, first.to_vec(), held, answers, in_flight).await;
+        serve_frames(
+            shared,
+            reader,
+            first.to_vec(),
+            held,
+            answers,
+            in_flight,
+            peer,
+        )
+        .await;
     } else {
-        serve_lines(shared, reader, first.to_vec(), held, answers, in_flight).await;
+        serve_lines(
+            shared,
+            reader,
+            first.to_vec(),
+            held,
+            answers,
+            in_flight,
+            peer,
+        )
+        .await;
     }
 }
 
@@ -231,6 +272,7 @@ async fn serve_lines(
     mut held: Held,
     answers: &Answers,
     in_flight: &InFlight,
+    peer: Peer,
 ) {
     let mut chunk = vec![0u8; CHUNK_BYTES];
     let mut oversized = false;
@@ -243,7 +285,7 @@ async fn serve_lines(
             if std::mem::take(&mut oversized) {
                 continue;
             }
-            handle_json_line(shared, &line, answers, in_flight).await;
+            handle_json_line(shared, &line, answers, in_flight, peer).await;
         }
         scanned = buffer.len();
         if buffer.len() > MAX_REQUEST_BYTES {
@@ -291,6 +333,7 @@ async fn serve_frames(
     mut held: Held,
     answers: &Answers,
     in_flight: &InFlight,
+    peer: Peer,
 ) {
     let mut decoder = airlock_protocol::FrameDecoder::with_max_frame_bytes(MAX_REQUEST_BYTES);
     let mut chunk = vec![0u8; CHUNK_BYTES];
@@ -320,7 +363,7 @@ async fn serve_frames(
                 };
                 airlock_protocol::frame::encode_frame(&response).unwrap_or_default()
             });
-            dispatch(shared, id, op, answers, reply, in_flight).await;
+            dispatch(shared, id, op, answers, reply, in_flight, peer).await;
         }
         if broken {
             return;
@@ -341,6 +384,7 @@ async fn handle_json_line(
     line: &[u8],
     answers: &Answers,
     in_flight: &InFlight,
+    peer: Peer,
 ) {
     let (id, op) = match std::str::from_utf8(line) {
         Ok(text) if text.trim().is_empty() => return,
@@ -360,5 +404,5 @@ async fn handle_json_line(
         }
         format!("{body}\n").into_bytes()
     });
-    dispatch(shared, id, op, answers, reply, in_flight).await;
+    dispatch(shared, id, op, answers, reply, in_flight, peer).await;
 }

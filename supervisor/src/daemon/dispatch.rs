@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::budget::Held;
-use super::connection::{Answers, InFlight, Reply};
+use super::connection::{Answers, InFlight, Peer, Reply};
 use super::wire::{CallRequest, ExecuteRequest, Op, RequestError, error_body};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
@@ -29,6 +29,7 @@ pub(super) async fn dispatch(
     answers: &Answers,
     reply: Reply,
     in_flight: &InFlight,
+    peer: Peer,
 ) {
     shared.stats.requests.fetch_add(1, Ordering::Relaxed);
     let op = match op {
@@ -39,6 +40,14 @@ pub(super) async fn dispatch(
         }
     };
     let key = id.to_string();
+    if matches!(op, Op::Execute(_) | Op::Reject(_) | Op::SetState(_)) && !peer.may_approve {
+        let body = error_body(
+            "forbidden",
+            "only the daemon's approvers (--approver-uid, --approver-gid) may execute, reject or set_state",
+        );
+        answers.send(reply(body), None).await;
+        return;
+    }
     match op {
         Op::Call(request) => {
             let (call, opts) = match call_of(&request) {
@@ -211,10 +220,7 @@ fn call_of(request: &CallRequest) -> Result<(ToolCall, CallOptions), String> {
     };
     // Unique by default: request ids repeat across connections, and the audit log and
     // results are keyed by call id.
-    let call_id = request
-        .call_id
-        .clone()
-        .unwrap_or_else(crate::gate::random_id);
+    let call_id = request.call_id.clone().unwrap_or_else(fresh_call_id);
     let call = ToolCall {
         call_id,
         tool: request.tool.clone(),
@@ -227,6 +233,16 @@ fn call_of(request: &CallRequest) -> Result<(ToolCall, CallOptions), String> {
         timeout,
     };
     Ok((call, opts))
+}
+
+/// A call id no other call of this daemon has: random where the OS can say, else counted
+/// (call ids need to be unique, not secret).
+fn fresh_call_id() -> String {
+    static COUNTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    crate::approvals::random_id().unwrap_or_else(|| {
+        let n = COUNTED.fetch_add(1, Ordering::Relaxed);
+        format!("call-{}-{n}", std::process::id())
+    })
 }
 
 type CallFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ToolResult> + Send + 'a>>;

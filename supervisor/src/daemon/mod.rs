@@ -74,6 +74,11 @@ pub struct DaemonConfig {
     pub allow_uids: Vec<u32>,
     /// Peer gids allowed.
     pub allow_gids: Vec<u32>,
+    /// When any is given, only peers with these uids or gids may `execute` and `reject`
+    /// approvals and `set_state` tools (they may connect, too).
+    pub approver_uids: Vec<u32>,
+    /// See `approver_uids`.
+    pub approver_gids: Vec<u32>,
     /// Calls running at once.
     pub max_concurrent: usize,
     /// Calls waiting for a slot before new ones get `overloaded`.
@@ -99,6 +104,8 @@ impl DaemonConfig {
             socket,
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
+            approver_uids: Vec::new(),
+            approver_gids: Vec::new(),
             max_concurrent: 8,
             max_queued: 64,
             grace: Duration::from_secs(10),
