@@ -26,6 +26,10 @@ pub enum EventKind {
     /// The gate refused it.
     #[serde(rename = "denied")]
     Denied,
+    /// It was turned away before it ran: invalid input, an unknown tool, a rate limit, an
+    /// overloaded daemon (`outcome` names which).
+    #[serde(rename = "tool.refused")]
+    Refused,
     /// It waits for a human approval.
     #[serde(rename = "approval.required")]
     ApprovalRequired,

@@ -314,6 +314,28 @@ impl Gate {
         }
     }
 
+    /// Turns `call` away before it runs with `error`, and says so in the audit log and the
+    /// events (`tool.refused`, the error kind as outcome): every refusal is audited, not
+    /// only the calls that ran. Denials by a rule have their own `denied` event.
+    pub fn refuse(&self, call: &ToolCall, opts: &CallOptions, error: ToolError) -> ToolResult {
+        self.refused(opts, rejected(call, error))
+    }
+
+    fn refused(&self, opts: &CallOptions, result: ToolResult) -> ToolResult {
+        let mut event = Event::new(
+            EventKind::Refused,
+            &result.call_id,
+            opts.session.as_deref(),
+            &result.tool,
+        );
+        event.outcome = result
+            .error
+            .as_ref()
+            .map(|e| crate::audit::outcome_name(e.kind));
+        self.emit(event);
+        result
+    }
+
     fn emit(&self, event: Event) {
         if let Some(audit) = &self.audit {
             audit.record(&event);
@@ -495,7 +517,7 @@ impl Gate {
     pub async fn call(&self, call: &ToolCall, opts: &CallOptions) -> ToolResult {
         let prepared = match self.prepare(call) {
             Ok(p) => p,
-            Err(error) => return rejected(call, error),
+            Err(error) => return self.refuse(call, opts, error),
         };
         let verdict = match self.decide(call, opts, &prepared) {
             Ok(v) => v,
@@ -563,7 +585,7 @@ impl Gate {
             }
         }
         if let Err(result) = self.check_rates(call, opts, &prepared) {
-            return result;
+            return self.refused(opts, result);
         }
         self.execute_prepared(call, opts, prepared, verdict).await
     }
@@ -651,7 +673,7 @@ impl Gate {
 
     /// Phase one: validates and decides, and stores an approval for a call that needs one.
     pub fn propose(&self, call: &ToolCall, opts: &CallOptions) -> Result<Approval, ToolResult> {
-        let prepared = self.prepare(call).map_err(|e| rejected(call, e))?;
+        let prepared = self.prepare(call).map_err(|e| self.refuse(call, opts, e))?;
         let verdict = self.decide(call, opts, &prepared)?;
         let now = self.clock.now();
         let gate = &prepared.policy.gate;
@@ -782,7 +804,7 @@ impl Gate {
         }
         let prepared = match self.prepare(&call) {
             Ok(p) => p,
-            Err(e) => return rejected(&call, e),
+            Err(e) => return self.refuse(&call, opts, e),
         };
         if prepared.digest != pending.approval.input_digest {
             return with_ids(invalid("the input digest does not match"));
@@ -805,7 +827,7 @@ impl Gate {
         event.input_digest = Some(prepared.digest.clone());
         self.emit(event);
         if let Err(result) = self.check_rates(&call, &opts, &prepared) {
-            return result;
+            return self.refused(&opts, result);
         }
         self.execute_prepared(&call, &opts, prepared, verdict).await
     }

@@ -376,7 +376,16 @@ fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
     if !sandbox_available() {
         return;
     }
-    let daemon = Daemon::start(&["--max-concurrent", "1", "--max-queued", "0"]);
+    let audit = Scratch::new("hostile-audit");
+    let log = audit.0.join("audit.jsonl");
+    let daemon = Daemon::start(&[
+        "--max-concurrent",
+        "1",
+        "--max-queued",
+        "0",
+        "--audit",
+        log.to_str().unwrap(),
+    ]);
     let marker = format!("9{}.5", std::process::id());
     let mut busy = daemon.connect();
     busy.send(&call(1, "sleep", json!({"seconds": marker})));
@@ -394,6 +403,41 @@ fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
         result["error"]["retry_after_ms"].as_u64().unwrap() > 0,
         "{answer}"
     );
+
+    // Every refusal is audited, not only the calls that ran.
+    let mut other = daemon.connect();
+    let mut invalid = call(3, "echo", json!({"text": 5}));
+    invalid["call_id"] = json!("c-3");
+    assert_eq!(
+        other.ask(invalid)["result"]["error"]["kind"],
+        "invalid_input"
+    );
+    let mut unknown = call(4, "nope", json!({}));
+    unknown["call_id"] = json!("c-4");
+    assert_eq!(
+        other.ask(unknown)["result"]["error"]["kind"],
+        "unknown_tool"
+    );
+    let refusals = || -> Vec<(String, String)> {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str::<Value>(line).unwrap())
+            .filter(|event| event["event"] == "tool.refused")
+            .map(|event| {
+                let id = event["call_id"].as_str().unwrap().to_string();
+                (id, event["outcome"].as_str().unwrap().to_string())
+            })
+            .collect()
+    };
+    let expected = [
+        ("c-2".to_string(), "overloaded".to_string()),
+        ("c-3".to_string(), "invalid_input".to_string()),
+        ("c-4".to_string(), "unknown_tool".to_string()),
+    ];
+    wait_until("the refusals reach the audit log", || {
+        expected.iter().all(|e| refusals().contains(e))
+    });
 }
 
 /// A validator for one definition of the daemon's published schema.

@@ -67,9 +67,12 @@ pub(super) async fn dispatch(
             }
             let started = Admission {
                 key,
-                call_id: call.call_id.clone(),
-                tool: call.tool.clone(),
+                call: ToolCall {
+                    arguments: String::new(),
+                    ..call.clone()
+                },
                 arguments_bytes: call.arguments.len(),
+                session: opts.session.clone(),
             };
             spawn_call(
                 shared,
@@ -88,15 +91,19 @@ pub(super) async fn dispatch(
             approval_id,
             session,
         }) => {
+            let started = Admission {
+                key,
+                call: ToolCall {
+                    call_id: String::new(),
+                    tool: String::new(),
+                    arguments: String::new(),
+                },
+                arguments_bytes: 0,
+                session: session.clone(),
+            };
             let opts = CallOptions {
                 session,
                 ..Default::default()
-            };
-            let started = Admission {
-                key,
-                call_id: String::new(),
-                tool: String::new(),
-                arguments_bytes: 0,
             };
             spawn_call(
                 shared,
@@ -251,10 +258,11 @@ type CallFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ToolRes
 struct Admission {
     /// The request id's JSON text, unique among this connection's requests in flight.
     key: String,
-    call_id: String,
-    tool: String,
+    /// The call's id and tool, for refusals (its arguments travel with the call itself).
+    call: ToolCall,
     /// Held against the input budget while the call is queued or running.
     arguments_bytes: usize,
+    session: Option<String>,
 }
 
 /// How long an `overloaded` client should wait: a guess that grows with the queue, so
@@ -281,15 +289,16 @@ async fn spawn_call<F>(
 ) where
     F: for<'a> FnOnce(&'a Gate, CallOptions) -> CallFuture<'a> + Send + 'static,
 {
+    let refused_opts = CallOptions {
+        session: admission.session.clone(),
+        ..CallOptions::default()
+    };
     let overloaded = |message: String, retry: Option<u64>| {
-        let result = ToolResult::rejected(
-            &admission.call_id,
-            &admission.tool,
-            ToolError {
-                retry_after_ms: retry,
-                ..ToolError::new(ErrorKind::Overloaded, message)
-            },
-        );
+        let error = ToolError {
+            retry_after_ms: retry,
+            ..ToolError::new(ErrorKind::Overloaded, message)
+        };
+        let result = shared.gate.refuse(&admission.call, &refused_opts, error);
         json!({"result": result})
     };
     if shared.shutdown.is_cancelled() {
@@ -367,7 +376,8 @@ async fn spawn_call<F>(
         let (body, slot) = match permit {
             None => {
                 let error = ToolError::new(ErrorKind::Cancelled, "cancelled while queued");
-                let result = ToolResult::rejected(&admission.call_id, &admission.tool, error);
+                let call = &admission.call;
+                let result = ToolResult::rejected(&call.call_id, &call.tool, error);
                 (json!({"result": result}), None)
             }
             Some(permit) => {
