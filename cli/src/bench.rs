@@ -50,6 +50,7 @@ limits = { memory = "256MiB", pids = 64, timeout = "30s" }
 description = "does nothing"
 command = ["/bin/true"]
 side_effect = "read"
+concurrency_safe = true
 input = { type = "object" }
 
 [tools.read]
@@ -60,6 +61,7 @@ builtin = "read_file"
 description = "sleeps"
 command = ["/bin/sleep", "100"]
 side_effect = "read"
+concurrency_safe = true
 timeout = "100ms"
 input = { type = "object" }
 "#;

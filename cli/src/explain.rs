@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use airlock_policy::compile::HIDDEN_IN_PROC;
 use airlock_policy::rules::{Decision, GatePolicy, RateLimit, RuleMatch};
 use airlock_policy::seccomp::{DEFAULT_ALLOW, DENIED_EPERM_GROUPS, SocketFamilies};
 use airlock_policy::units::{format_duration, format_size};
 use airlock_policy::validate::{
-    Approval, ArgTemplate, Network, Profile, SideEffect, StdinSource, Tool, ToolState,
+    Approval, ArgTemplate, Network, ProcView, Profile, SideEffect, StdinSource, Tool, ToolState,
     ValidatedPolicy, validate_policy,
 };
 use airlock_policy::{PolicyError, Source, load_policy_str, parse_policy_str, presets};
@@ -208,6 +209,15 @@ struct RequireFacts {
     cgroup: &'static str,
 }
 
+/// What the sandbox's `/proc` shows.
+#[derive(Debug, Serialize)]
+struct ProcFacts {
+    /// `masked` or `full` (the profile's `proc`).
+    view: &'static str,
+    /// Entries covered with empty ones, relative to `/proc`.
+    hidden: Vec<&'static str>,
+}
+
 #[derive(Debug, Serialize)]
 struct ProfileFacts {
     name: String,
@@ -220,6 +230,7 @@ struct ProfileFacts {
     env: BTreeMap<String, String>,
     hostname: String,
     cwd: String,
+    proc: ProcFacts,
     namespaces: Vec<&'static str>,
     require: RequireFacts,
 }
@@ -403,6 +414,16 @@ fn describe_profile(profile: &Profile) -> ProfileFacts {
         env: profile.env.iter().cloned().collect(),
         hostname: profile.hostname.clone(),
         cwd: profile.cwd.clone(),
+        proc: match profile.proc {
+            ProcView::Masked => ProcFacts {
+                view: "masked",
+                hidden: HIDDEN_IN_PROC.to_vec(),
+            },
+            ProcView::Full => ProcFacts {
+                view: "full",
+                hidden: Vec::new(),
+            },
+        },
         namespaces: NAMESPACES.to_vec(),
         require: RequireFacts {
             landlock: requirement_word(profile.require.landlock),
@@ -532,7 +553,7 @@ fn describe_syscalls(profile: &Profile) -> SyscallFacts {
 }
 
 fn describe_tool(tool: &Tool, policy: &ValidatedPolicy) -> ToolFacts {
-    let input = describe_input(&tool.input_schema, policy.strict_objects);
+    let input = describe_input(&tool.input_schema);
     let command = tool
         .command
         .iter()
@@ -587,6 +608,18 @@ fn describe_gate(gate: &GatePolicy, tool: &Tool, input: &InputFacts) -> GateFact
                 false,
                 "read-only tools".to_string(),
             ),
+            RuleMatch::SideEffects(effects) => (
+                effects.contains(&tool.side_effect),
+                false,
+                format!(
+                    "side effects {}",
+                    effects
+                        .iter()
+                        .map(|e| format!("{e:?}").to_lowercase())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
             RuleMatch::Tools(names) => (
                 names.contains(&tool.name),
                 false,
@@ -630,7 +663,9 @@ fn describe_gate(gate: &GatePolicy, tool: &Tool, input: &InputFacts) -> GateFact
             break;
         }
     }
-    let human_approval = if tool.approval == Approval::Human {
+    let human_approval = if tool.approval_implied {
+        "every call (a destructive tool that declares no approval, under destructive_requires_approval)".to_string()
+    } else if tool.approval == Approval::Human {
         "every call (the tool sets approval = \"human\")".to_string()
     } else {
         let mut when: Vec<String> = rules
@@ -752,7 +787,8 @@ fn render_gate(gate: &GateFacts, line: &mut impl FnMut(String)) {
 }
 
 /// The top level of an input schema: its fields, which are required, their constraints.
-fn describe_input(schema: &Value, strict_objects: bool) -> InputFacts {
+/// `schema` is the enforced document (`strict_objects` already applied).
+fn describe_input(schema: &Value) -> InputFacts {
     let required: Vec<String> = schema
         .get("required")
         .and_then(Value::as_array)
@@ -778,11 +814,9 @@ fn describe_input(schema: &Value, strict_objects: bool) -> InputFacts {
                 .collect()
         })
         .unwrap_or_default();
-    let other_fields_refused = match schema.get("additionalProperties") {
-        Some(Value::Bool(false)) => true,
-        None => strict_objects,
-        Some(_) => false,
-    };
+    let other_fields_refused = ["additionalProperties", "unevaluatedProperties"]
+        .iter()
+        .any(|k| schema.get(*k) == Some(&Value::Bool(false)));
     InputFacts {
         required,
         fields,
@@ -1017,6 +1051,13 @@ fn render_profile(p: &ProfileFacts, policy: &str, line: &mut impl FnMut(String))
          urandom"
             .into(),
     );
+    line(match p.proc.view {
+        "masked" => format!(
+            "    /proc:                masked: {} read as empty (proc = \"full\" shows them)",
+            p.proc.hidden.join(", ")
+        ),
+        _ => "    /proc:                full: every entry, host-wide ones included".into(),
+    });
     line(format!("    working directory:    {}", p.cwd));
     line(format!("  network:     {}", p.network.summary));
 

@@ -44,7 +44,7 @@ fn check_reports_three_mistakes_as_three_located_diagnostics_and_exits_1() {
     let file = dir.join("bad.toml");
     std::fs::write(
         &file,
-        "version = 1\n[profiles.default]\nread = [\"usr\"]\nlimits = { timeout = \"soon\" }\n\n[tools.t]\ndescription = \"\"\ncommand = [\"/bin/true\"]\ninput = { type = \"object\" }\n",
+        "version = 1\n[profiles.default]\nread = [\"usr\"]\nlimits = { timeout = \"soon\" }\n\n[tools.t]\ndescription = \"\"\ncommand = [\"/bin/true\"]\nside_effect = \"read\"\ninput = { type = \"object\" }\n",
     )
     .unwrap();
     let out = airlock().arg("check").arg(&file).output().unwrap();

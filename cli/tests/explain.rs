@@ -187,7 +187,7 @@ fn explain_a_tool_lists_the_gate_rules_that_decide_its_calls_and_its_rate_limits
         "-> deny",
         "no-git-push:",
         "otherwise: review (a human approves first), by the default decision",
-        "human approval: when rule no-git-push fires; otherwise every call",
+        "human approval: every call (a destructive tool that declares no approval",
         "plan mode:   refused",
         "10 calls per 1m for this tool; 120 calls per 1m per session",
         "permissions: fs:read, fs:write, subprocess",

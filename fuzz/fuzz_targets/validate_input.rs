@@ -357,18 +357,26 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     // A validated input always renders: every `{field}` is a required scalar property
-    // (enforced when the policy is checked), so only a NUL in a substituted string can fail.
+    // (enforced when the policy is checked), so only a NUL in a substituted string, or a
+    // value that would be read as an option, can fail.
     match tool.render_argv(&input) {
         Ok(argv) => {
             assert_eq!(argv.len(), tool.tool.command.len());
             for (arg, template) in argv.iter().zip(&tool.tool.command) {
                 assert!(!arg.contains('\0'), "an argument holds a NUL");
-                if let ArgTemplate::Literal(literal) = template {
-                    assert_eq!(arg, literal);
+                match template {
+                    ArgTemplate::Literal(literal) => assert_eq!(arg, literal),
+                    ArgTemplate::Field(field) => assert!(
+                        !arg.starts_with('-') || tool.tool.allow_dash_values.contains(field),
+                        "field {field} became an option"
+                    ),
                 }
             }
         }
         Err(ArgvError::Nul(_)) => {}
+        Err(ArgvError::DashValue(field)) => {
+            assert!(!tool.tool.allow_dash_values.contains(&field), "{field} is allowed dashes");
+        }
         Err(error) => panic!("a validated input does not render: {error}"),
     }
     let stdin = tool.render_stdin(&input);

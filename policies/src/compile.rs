@@ -13,7 +13,8 @@ use crate::rules::GatePolicy;
 use crate::schema::{CompiledSchema, SchemaError, compile_schema};
 use crate::seccomp::{SeccompError, compile_seccomp_program, digest_program};
 use crate::validate::{
-    ArgTemplate, Limits, Network, Profile, Requirements, StdinSource, Tool, ValidatedPolicy,
+    ArgTemplate, Limits, Network, ProcView, Profile, Requirements, StdinSource, Tool,
+    ValidatedPolicy,
 };
 
 /// Why a validated policy could not be compiled (a bug or an unsupported platform: every
@@ -52,6 +53,24 @@ pub enum ArgvError {
     /// A substituted string holds a NUL byte, which no argv can carry.
     #[error("input field {0:?} contains a NUL byte")]
     Nul(String),
+    /// A substituted value starts with `-`, so the program would read it as an option.
+    #[error(
+        "input field {0:?} starts with `-`, which the program would read as an option; \
+         the tool's allow_dash_values does not list it"
+    )]
+    DashValue(String),
+}
+
+impl ArgvError {
+    /// The input field at fault.
+    pub fn field(&self) -> &str {
+        match self {
+            ArgvError::MissingField(field)
+            | ArgvError::NotScalar(field)
+            | ArgvError::Nul(field)
+            | ArgvError::DashValue(field) => field,
+        }
+    }
 }
 
 /// A compiled profile: the spec every worker of this profile receives, and what the
@@ -97,6 +116,28 @@ fn depth(path: &str) -> usize {
     path.split('/').filter(|c| !c.is_empty()).count()
 }
 
+/// What a masked `/proc` (every profile's unless it says `proc = "full"`) hides, relative
+/// to it: what identifies the host (the kernel's command line and build configuration, the
+/// boot id), host-wide activity (pressure stalls, interrupts, timers with their owners'
+/// names), and the rest of what container runtimes mask (runc's `maskedPaths`). Each is
+/// covered with an empty read-only file or directory; one the kernel lacks is skipped.
+pub const HIDDEN_IN_PROC: &[&str] = &[
+    "acpi",
+    "asound",
+    "cmdline",
+    "config.gz",
+    "interrupts",
+    "kcore",
+    "keys",
+    "latency_stats",
+    "pressure",
+    "sched_debug",
+    "scsi",
+    "sys/kernel/random/boot_id",
+    "timer_list",
+    "timer_stats",
+];
+
 /// The mount plan of a profile, applied by the worker on a fresh tmpfs root.
 pub fn plan_mounts(profile: &Profile) -> Vec<MountOp> {
     let mut targets: Vec<(usize, MountOp)> = Vec::new();
@@ -141,6 +182,10 @@ pub fn plan_mounts(profile: &Profile) -> Vec<MountOp> {
     let mut plan: Vec<MountOp> = targets.into_iter().map(|(_, op)| op).collect();
     plan.push(MountOp::Proc {
         target: "/proc".to_string(),
+        hide: match profile.proc {
+            ProcView::Masked => HIDDEN_IN_PROC.iter().map(|p| p.to_string()).collect(),
+            ProcView::Full => Vec::new(),
+        },
     });
     plan.push(MountOp::Dev {
         target: "/dev".to_string(),
@@ -229,12 +274,13 @@ pub fn compile_policy(
                 tool: name.clone(),
                 source,
             };
-            let input =
-                compile_schema(&tool.input_schema, policy.strict_objects).map_err(schema_error)?;
+            // `validate` already applied `strict_objects`: compiled here is exactly the
+            // document the gate publishes.
+            let input = compile_schema(&tool.input_schema).map_err(schema_error)?;
             let output = tool
                 .output_schema
                 .as_ref()
-                .map(|s| compile_schema(s, policy.strict_objects))
+                .map(compile_schema)
                 .transpose()
                 .map_err(|source| CompileError::Schema {
                     tool: name.clone(),
@@ -283,14 +329,22 @@ fn scalar_text(field: &str, value: Option<&Value>) -> Result<String, ArgvError> 
 
 impl CompiledTool {
     /// The argv for a validated input: each `{field}` becomes exactly one argument, so no
-    /// input can add, split or reorder arguments, and no shell ever sees it.
+    /// input can add, split or reorder arguments, and no shell ever sees it. A value starting
+    /// with `-` is refused unless the tool's `allow_dash_values` lists its field: as its own
+    /// argument it would be an option (`--version`, `-n`, `--output=/etc/x`).
     pub fn render_argv(&self, input: &Value) -> Result<Vec<String>, ArgvError> {
         self.tool
             .command
             .iter()
             .map(|element| match element {
                 ArgTemplate::Literal(text) => Ok(text.clone()),
-                ArgTemplate::Field(field) => scalar_text(field, input.get(field)),
+                ArgTemplate::Field(field) => {
+                    let text = scalar_text(field, input.get(field))?;
+                    if text.starts_with('-') && !self.tool.allow_dash_values.contains(field) {
+                        return Err(ArgvError::DashValue(field.clone()));
+                    }
+                    Ok(text)
+                }
             })
             .collect()
     }

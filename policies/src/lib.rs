@@ -14,6 +14,7 @@ pub mod presets;
 pub mod rules;
 pub mod schema;
 pub mod seccomp;
+pub mod strict;
 pub mod syscalls;
 pub mod units;
 pub mod validate;

@@ -18,6 +18,10 @@ pub struct PolicyFile {
     /// Close every plain object schema (`additionalProperties = false` unless stated).
     #[serde(default)]
     pub strict_objects: Option<Spanned<bool>>,
+    /// Tools whose side effect is `destructive` need a human approval unless they declare
+    /// `approval` themselves (default true).
+    #[serde(default)]
+    pub destructive_requires_approval: Option<Spanned<bool>>,
     /// Sandbox profiles by name.
     #[serde(default)]
     pub profiles: BTreeMap<Spanned<String>, ProfileFile>,
@@ -48,7 +52,7 @@ pub struct RuleFile {
     /// Name reported when the rule fires (default `rules[INDEX]`).
     #[serde(default)]
     pub name: Option<Spanned<String>>,
-    /// What it matches: `read_only`, `tool`, `category` or `pattern`.
+    /// What it matches: `read_only`, `side_effect`, `tool`, `category` or `pattern`.
     #[serde(rename = "match")]
     pub matches: Spanned<String>,
     /// `allow`, `deny` or `review`.
@@ -59,6 +63,9 @@ pub struct RuleFile {
     /// `category`: these categories.
     #[serde(default)]
     pub categories: Vec<Spanned<String>>,
+    /// `side_effect`: these side effects (`read`, `write`, `destructive`).
+    #[serde(default)]
+    pub side_effects: Vec<Spanned<String>>,
     /// `pattern`: the input field the patterns look at.
     #[serde(default)]
     pub field: Option<Spanned<String>>,
@@ -140,6 +147,9 @@ pub struct ProfileFile {
     /// Working directory of tools, inside the sandbox.
     #[serde(default)]
     pub cwd: Option<Spanned<String>>,
+    /// The sandbox's `/proc`: `"masked"` (default) or `"full"` (validated later).
+    #[serde(default)]
+    pub proc: Option<Spanned<String>>,
 }
 
 /// The `network` key: a mode name or TCP rules.
@@ -238,7 +248,8 @@ pub struct ToolFile {
     /// Free-form category used by decision rules.
     #[serde(default)]
     pub category: Option<Spanned<String>>,
-    /// `auto` or `human`.
+    /// `auto` or `human` (default `human` for a destructive tool under
+    /// `destructive_requires_approval`, else `auto`).
     #[serde(default)]
     pub approval: Option<Spanned<String>>,
     /// Extra attempts after an eligible failure (default 0).
@@ -253,7 +264,8 @@ pub struct ToolFile {
     /// Optional JSON Schema of the output (stdout parsed as JSON).
     #[serde(default)]
     pub output: Option<Spanned<toml::Value>>,
-    /// Safe to run concurrently with other calls (default false).
+    /// Calls of it in one session may run at once (default false, except for the read-only
+    /// built-ins); when false the gate runs them one at a time.
     #[serde(default)]
     pub concurrency_safe: Option<Spanned<bool>>,
     /// Declared needs: `fs:read`, `fs:write`, `network`, `subprocess`.
@@ -265,6 +277,10 @@ pub struct ToolFile {
     /// This tool's own rate limit, like `"10/1m"`.
     #[serde(default)]
     pub rate_limit: Option<Spanned<String>>,
+    /// Command fields whose values may start with `-` (refused by default: the program
+    /// would read them as options).
+    #[serde(default)]
+    pub allow_dash_values: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[cfg(test)]

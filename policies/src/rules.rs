@@ -39,6 +39,8 @@ impl Decision {
 pub enum RuleMatch {
     /// Tools whose side effect is `read`.
     ReadOnly,
+    /// Tools whose side effect is one of these.
+    SideEffects(Vec<SideEffect>),
     /// Tools by name.
     Tools(Vec<String>),
     /// Tools by category.
@@ -193,6 +195,7 @@ fn field_text(input: &Value, field: &str) -> Option<String> {
 fn rule_matches(rule: &Rule, tool: &Tool, input: &Value) -> bool {
     match &rule.matches {
         RuleMatch::ReadOnly => tool.side_effect == SideEffect::Read,
+        RuleMatch::SideEffects(effects) => effects.contains(&tool.side_effect),
         RuleMatch::Tools(names) => names.contains(&tool.name),
         RuleMatch::Categories(categories) => tool
             .category

@@ -107,62 +107,46 @@ pub struct CompiledSchema {
     validator: std::sync::Arc<jsonschema::Validator>,
 }
 
-/// Makes every plain object schema closed: a schema with `properties` (or `type: object`)
-/// that says nothing about `additionalProperties`, `unevaluatedProperties` or
-/// `patternProperties` gets `additionalProperties: false`. Applied recursively, including
-/// inside `items`, `$defs` and combinators.
-pub fn close_object_schemas(schema: &mut Value) {
-    match schema {
-        Value::Object(map) => {
-            let is_object_schema = map.contains_key("properties")
-                || map.get("type").and_then(Value::as_str) == Some("object");
-            let says_otherwise = [
-                "additionalProperties",
-                "unevaluatedProperties",
-                "patternProperties",
-            ]
-            .iter()
-            .any(|k| map.contains_key(*k));
-            if is_object_schema && !says_otherwise {
-                map.insert("additionalProperties".to_string(), Value::Bool(false));
-            }
-            for (key, value) in map.iter_mut() {
-                // `const`, `enum`, `default` and `examples` hold instance data, not schemas.
-                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
-                    close_object_schemas(value);
-                }
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(close_object_schemas),
-        _ => {}
-    }
+/// The JSON Schema dialects policies may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// draft-07 (`$schema` = `http://json-schema.org/draft-07/schema#`).
+    Draft7,
+    /// 2020-12, the default when `$schema` is absent.
+    Draft202012,
 }
 
-/// Compiles a schema (draft chosen by `$schema`, 2020-12 when absent).
-pub fn compile_schema(schema: &Value, strict_objects: bool) -> Result<CompiledSchema, SchemaError> {
-    let draft = match schema.get("$schema").and_then(Value::as_str) {
-        None => jsonschema::Draft::Draft202012,
+/// The dialect `$schema` names (2020-12 when absent).
+pub fn dialect(schema: &Value) -> Result<Dialect, SchemaError> {
+    match schema.get("$schema").and_then(Value::as_str) {
+        None => Ok(Dialect::Draft202012),
         Some(uri) => {
             let uri = uri.trim_end_matches('#');
             if uri == DRAFT_07 || uri == "https://json-schema.org/draft-07/schema" {
-                jsonschema::Draft::Draft7
+                Ok(Dialect::Draft7)
             } else if uri == DRAFT_2020_12 {
-                jsonschema::Draft::Draft202012
+                Ok(Dialect::Draft202012)
             } else {
-                return Err(SchemaError::UnsupportedDraft(uri.to_string()));
+                Err(SchemaError::UnsupportedDraft(uri.to_string()))
             }
         }
-    };
-    let mut schema = schema.clone();
-    if strict_objects {
-        close_object_schemas(&mut schema);
     }
+}
+
+/// Compiles a schema exactly as given (draft chosen by `$schema`, 2020-12 when absent).
+/// `strict_objects` is applied before, by [`crate::strict::close_objects`], so that the
+/// document enforced is the document published.
+pub fn compile_schema(schema: &Value) -> Result<CompiledSchema, SchemaError> {
+    let draft = match dialect(schema)? {
+        Dialect::Draft7 => jsonschema::Draft::Draft7,
+        Dialect::Draft202012 => jsonschema::Draft::Draft202012,
+    };
     let validator = jsonschema::options()
         .with_draft(draft)
         .should_validate_formats(true)
         // Linear-time regexes: patterns run on model-written input.
         .with_pattern_options(jsonschema::PatternOptions::regex())
-        .build(&schema)
+        .build(schema)
         .map_err(|e| SchemaError::Invalid(e.masked().to_string()))?;
     Ok(CompiledSchema {
         validator: std::sync::Arc::new(validator),
@@ -281,7 +265,7 @@ mod tests {
 
     #[test]
     fn valid_input_is_returned_parsed() {
-        let schema = compile_schema(&word_count_schema(), false).unwrap();
+        let schema = compile_schema(&word_count_schema()).unwrap();
         let value = schema
             .check_text(r#"{"text": "hello"}"#, InputLimits::default())
             .unwrap();
@@ -290,7 +274,7 @@ mod tests {
 
     #[test]
     fn violations_name_the_pointer_and_keyword_but_never_the_value() {
-        let schema = compile_schema(&word_count_schema(), false).unwrap();
+        let schema = compile_schema(&word_count_schema()).unwrap();
         let secret = "hunter2-secret-value";
         let text = format!(r#"{{"text": "{secret}", "count": -5, "email": "{secret}"}}"#);
         let err = schema
@@ -323,7 +307,7 @@ mod tests {
 
     #[test]
     fn missing_required_field_is_reported_at_the_root() {
-        let schema = compile_schema(&word_count_schema(), false).unwrap();
+        let schema = compile_schema(&word_count_schema()).unwrap();
         let err = schema.check_text("{}", InputLimits::default()).unwrap_err();
         let InputError::Schema { violations } = err else {
             panic!()
@@ -334,7 +318,7 @@ mod tests {
 
     #[test]
     fn oversized_input_is_refused_before_parsing() {
-        let schema = compile_schema(&word_count_schema(), false).unwrap();
+        let schema = compile_schema(&word_count_schema()).unwrap();
         let limits = InputLimits {
             max_bytes: 16,
             max_depth: 64,
@@ -353,7 +337,7 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_refused_before_parsing() {
-        let schema = compile_schema(&json!({}), false).unwrap();
+        let schema = compile_schema(&json!({})).unwrap();
         let deep = "[".repeat(100_000);
         let err = schema
             .check_text(&deep, InputLimits::default())
@@ -373,7 +357,6 @@ mod tests {
     fn property_name_violations_never_repeat_the_name() {
         let schema = compile_schema(
             &json!({"type": "object", "propertyNames": {"pattern": "^[a-z]+$", "maxLength": 8}}),
-            false,
         )
         .unwrap();
         let err = schema
@@ -389,7 +372,7 @@ mod tests {
 
     #[test]
     fn malformed_json_reports_position_only() {
-        let schema = compile_schema(&json!({}), false).unwrap();
+        let schema = compile_schema(&json!({})).unwrap();
         let err = schema
             .check_text("{\"a\": secret}", InputLimits::default())
             .unwrap_err();
@@ -403,10 +386,10 @@ mod tests {
         let d2020 =
             json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"});
         let d4 = json!({"$schema": "http://json-schema.org/draft-04/schema#"});
-        assert!(compile_schema(&d7, false).is_ok());
-        assert!(compile_schema(&d2020, false).is_ok());
+        assert!(compile_schema(&d7).is_ok());
+        assert!(compile_schema(&d2020).is_ok());
         assert!(matches!(
-            compile_schema(&d4, false),
+            compile_schema(&d4),
             Err(SchemaError::UnsupportedDraft(_))
         ));
     }
@@ -416,7 +399,7 @@ mod tests {
         for uri in ["https://example.com/s.json", "file:///etc/passwd"] {
             let schema = json!({"$ref": uri});
             assert!(
-                matches!(compile_schema(&schema, false), Err(SchemaError::Invalid(_))),
+                matches!(compile_schema(&schema), Err(SchemaError::Invalid(_))),
                 "{uri}"
             );
         }
@@ -426,52 +409,8 @@ mod tests {
     fn broken_schema_does_not_compile() {
         let schema = json!({"type": "no-such-type"});
         assert!(matches!(
-            compile_schema(&schema, false),
+            compile_schema(&schema),
             Err(SchemaError::Invalid(_))
         ));
-    }
-
-    #[test]
-    fn strict_objects_close_nested_plain_object_schemas() {
-        let mut schema = json!({
-            "type": "object",
-            "properties": {
-                "inner": {"type": "object", "properties": {"a": {"type": "string"}}},
-                "open": {"type": "object", "additionalProperties": true},
-                "list": {"type": "array", "items": {"properties": {"b": {}}}},
-                "c": {"const": {"properties": {}}}
-            }
-        });
-        close_object_schemas(&mut schema);
-        assert_eq!(schema["additionalProperties"], json!(false));
-        assert_eq!(
-            schema["properties"]["inner"]["additionalProperties"],
-            json!(false)
-        );
-        assert_eq!(
-            schema["properties"]["open"]["additionalProperties"],
-            json!(true)
-        );
-        assert_eq!(
-            schema["properties"]["list"]["items"]["additionalProperties"],
-            json!(false)
-        );
-        assert_eq!(
-            schema["properties"]["c"]["const"],
-            json!({"properties": {}})
-        );
-
-        let compiled = compile_schema(&word_count_schema(), true).unwrap();
-        let err = compiled
-            .check_text(
-                r#"{"text": "a", "extra_secret_key": 1}"#,
-                InputLimits::default(),
-            )
-            .unwrap_err();
-        let InputError::Schema { violations } = err else {
-            panic!()
-        };
-        assert_eq!(violations[0].keyword, "additionalProperties");
-        assert_eq!(violations[0].message, "1 unexpected property");
     }
 }

@@ -13,14 +13,18 @@ use toml::Spanned;
 
 use crate::builtin::Builtin;
 use crate::diagnostic::{Diagnostic, Severity, Source};
-use crate::model::{
-    LimitsFile, NetworkFile, PolicyFile, ProfileFile, RequireFile, SyscallsFile, ToolFile,
-};
-use crate::rules::{Decision, GatePolicy, RateLimit, Rule, RuleMatch, preset_patterns};
-use crate::schema::compile_schema;
+use crate::model::{LimitsFile, NetworkFile, PolicyFile, ProfileFile, RequireFile, SyscallsFile};
+use crate::rules::{GatePolicy, RateLimit};
 use crate::seccomp::{DEFAULT_ALLOW, SocketFamilies, SyscallPolicy, is_never_allowed};
 use crate::syscalls::syscall_number;
 use crate::units::{parse_duration, parse_size};
+
+mod gate;
+mod permissions;
+mod tool;
+
+use gate::check_gate;
+use tool::{ToolOptions, check_tool};
 
 /// Defaults of every limit, documented in the README's policy guide.
 pub mod defaults {
@@ -100,6 +104,15 @@ pub enum Network {
     },
 }
 
+/// How much of its fresh `/proc` a sandbox sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProcView {
+    /// Host-identifying and host-wide entries are covered with empty ones (the default).
+    Masked,
+    /// Everything procfs shows (the profile opted in with `proc = "full"`).
+    Full,
+}
+
 /// Resource limits of a profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limits {
@@ -157,6 +170,8 @@ pub struct Profile {
     pub hostname: String,
     /// Working directory of tools.
     pub cwd: String,
+    /// What of `/proc` the sandbox sees.
+    pub proc: ProcView,
 }
 
 /// One element of a tool's argv template.
@@ -189,6 +204,18 @@ pub enum SideEffect {
     Write,
     /// Changes state irreversibly.
     Destructive,
+}
+
+impl SideEffect {
+    /// Parses `read`, `write`, `destructive`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "read" => Some(SideEffect::Read),
+            "write" => Some(SideEffect::Write),
+            "destructive" => Some(SideEffect::Destructive),
+            _ => None,
+        }
+    }
 }
 
 /// Who approves a call.
@@ -247,13 +274,19 @@ pub struct Tool {
     pub side_effect: SideEffect,
     /// Category.
     pub category: Option<String>,
-    /// Approval mode.
+    /// Approval mode: as declared, else `human` for a destructive tool under
+    /// `destructive_requires_approval`, else `auto`.
     pub approval: Approval,
+    /// `approval` is `human` only because the tool is destructive (it declared none).
+    pub approval_implied: bool,
+    /// Command fields whose values may start with `-`.
+    pub allow_dash_values: BTreeSet<String>,
     /// Extra attempts after eligible failures.
     pub retries: u32,
     /// Deadline of one attempt (the tool's own, or its profile's).
     pub timeout: Duration,
-    /// Safe to run concurrently with other calls.
+    /// Safe to run concurrently with other calls of the same tool in one session; when
+    /// false the gate runs them one at a time.
     pub concurrency_safe: bool,
     /// Declared permissions (`fs:read`, `fs:write`, `network`, `subprocess`), if declared.
     pub permissions: Option<Vec<String>>,
@@ -714,6 +747,18 @@ fn check_profile(
         None => "/".to_string(),
     };
 
+    let proc = match file.proc.as_ref().map(|v| (v, v.get_ref().as_str())) {
+        None | Some((_, "masked")) => ProcView::Masked,
+        Some((_, "full")) => ProcView::Full,
+        Some((value, other)) => {
+            c.error(
+                value.span(),
+                format!("proc must be \"masked\" or \"full\", not {other:?}"),
+            );
+            ProcView::Masked
+        }
+    };
+
     let after = c
         .diagnostics
         .iter()
@@ -731,386 +776,7 @@ fn check_profile(
         require,
         hostname,
         cwd,
-    })
-}
-
-/// Converts a TOML value to JSON; TOML datetimes have no JSON equivalent.
-fn toml_to_json(value: &toml::Value) -> Result<Value, &'static str> {
-    Ok(match value {
-        toml::Value::String(s) => Value::String(s.clone()),
-        toml::Value::Integer(i) => Value::from(*i),
-        toml::Value::Float(f) => serde_json::Number::from_f64(*f)
-            .map(Value::Number)
-            .ok_or("schemas cannot hold NaN or infinite numbers")?,
-        toml::Value::Boolean(b) => Value::Bool(*b),
-        toml::Value::Datetime(_) => return Err("schemas cannot hold TOML datetimes"),
-        toml::Value::Array(items) => {
-            Value::Array(items.iter().map(toml_to_json).collect::<Result<_, _>>()?)
-        }
-        toml::Value::Table(table) => Value::Object(
-            table
-                .iter()
-                .map(|(k, v)| Ok((k.clone(), toml_to_json(v)?)))
-                .collect::<Result<_, &'static str>>()?,
-        ),
-    })
-}
-
-fn check_schema(
-    c: &mut Checker<'_>,
-    schema: &Spanned<toml::Value>,
-    what: &str,
-    strict_objects: bool,
-) -> Option<Value> {
-    let json = match toml_to_json(schema.get_ref()) {
-        Ok(json) => json,
-        Err(e) => {
-            c.error(schema.span(), format!("{what}: {e}"));
-            return None;
-        }
-    };
-    if let Err(e) = compile_schema(&json, strict_objects) {
-        c.error(schema.span(), format!("{what}: {e}"));
-        return None;
-    }
-    Some(json)
-}
-
-const SCALAR_TYPES: &[&str] = &["string", "integer", "number", "boolean"];
-
-fn check_tool(
-    c: &mut Checker<'_>,
-    name: &Spanned<String>,
-    file: &ToolFile,
-    profiles: &BTreeMap<String, Option<Profile>>,
-    strict_objects: bool,
-) -> Option<Tool> {
-    let before = c
-        .diagnostics
-        .iter()
-        .filter(|d| d.severity == Severity::Error)
-        .count();
-    let tool_name = name.get_ref().clone();
-    if tool_name.len() > 64 || !TOOL_NAME.as_ref().is_ok_and(|re| re.is_match(&tool_name)) {
-        c.error(
-            name.span(),
-            format!("tool name {tool_name:?} must match ^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$ (at most 64 characters)"),
-        );
-    }
-    if file.description.get_ref().trim().is_empty() {
-        c.error(
-            file.description.span(),
-            format!("tool {tool_name}: description must not be blank"),
-        );
-    }
-
-    let profile_name = file
-        .profile
-        .as_ref()
-        .map_or(defaults::PROFILE.to_string(), |p| p.get_ref().clone());
-    let profile = match profiles.get(&profile_name) {
-        Some(p) => p.as_ref(),
-        None => {
-            let span = file.profile.as_ref().map_or(name.span(), Spanned::span);
-            c.error(
-                span,
-                format!("tool {tool_name}: profile {profile_name:?} is not defined"),
-            );
-            None
-        }
-    };
-
-    let builtin = match (&file.command, &file.builtin) {
-        (Some(_), Some(b)) => {
-            c.error(
-                b.span(),
-                format!("tool {tool_name}: give either command or builtin, not both"),
-            );
-            None
-        }
-        (None, None) => {
-            c.error(
-                name.span(),
-                format!("tool {tool_name}: needs a command or a builtin"),
-            );
-            None
-        }
-        (None, Some(b)) => {
-            let found = Builtin::from_name(b.get_ref());
-            if found.is_none() {
-                let known: Vec<&str> = Builtin::ALL.iter().map(|b| b.name()).collect();
-                c.error(
-                    b.span(),
-                    format!(
-                        "tool {tool_name}: unknown builtin {:?}; known: {}",
-                        b.get_ref(),
-                        known.join(", ")
-                    ),
-                );
-            }
-            found
-        }
-        (Some(_), None) => None,
-    };
-    let input_schema = match (&file.input, builtin) {
-        (Some(input), _) => check_schema(
-            c,
-            input,
-            &format!("tool {tool_name}: input schema"),
-            strict_objects,
-        ),
-        (None, Some(b)) => Some(b.input_schema()),
-        (None, None) => {
-            if file.command.is_some() {
-                c.error(
-                    name.span(),
-                    format!("tool {tool_name}: command tools need an input schema"),
-                );
-            }
-            None
-        }
-    };
-    if let (Some(schema), Some(input)) = (&input_schema, &file.input)
-        && schema.get("type").and_then(Value::as_str) != Some("object")
-    {
-        c.error(
-            input.span(),
-            format!("tool {tool_name}: input schema must have type = \"object\""),
-        );
-    }
-    let output_schema = file.output.as_ref().and_then(|o| {
-        check_schema(
-            c,
-            o,
-            &format!("tool {tool_name}: output schema"),
-            strict_objects,
-        )
-    });
-
-    let properties = input_schema
-        .as_ref()
-        .and_then(|s| s.get("properties"))
-        .and_then(Value::as_object);
-    let required: BTreeSet<&str> = input_schema
-        .as_ref()
-        .and_then(|s| s.get("required"))
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-
-    let mut command = Vec::new();
-    let no_command = Spanned::new(0..0, Vec::new());
-    let command_file = file.command.as_ref().unwrap_or(&no_command);
-    if file.command.is_some() && command_file.get_ref().is_empty() {
-        c.error(
-            command_file.span(),
-            format!("tool {tool_name}: command must name an executable"),
-        );
-    }
-    for (index, element) in command_file.get_ref().iter().enumerate() {
-        let text = element.get_ref();
-        let field = text.strip_prefix('{').and_then(|t| t.strip_suffix('}'));
-        match field {
-            Some(field) if index == 0 => {
-                c.error(element.span(), format!("tool {tool_name}: the executable must be a literal path, not the field {field:?}"));
-            }
-            Some(field) => {
-                if input_schema.is_some() {
-                    let property = properties.and_then(|p| p.get(field));
-                    let scalar = property
-                        .and_then(|p| p.get("type"))
-                        .and_then(Value::as_str)
-                        .is_some_and(|t| SCALAR_TYPES.contains(&t));
-                    if property.is_none() {
-                        c.error(element.span(), format!("tool {tool_name}: command field {field:?} is not a property of the input schema"));
-                    } else if !scalar {
-                        c.error(element.span(), format!("tool {tool_name}: command field {field:?} must have a scalar type (string, integer, number, boolean)"));
-                    } else if !required.contains(field) {
-                        c.error(element.span(), format!("tool {tool_name}: command field {field:?} must be listed in the input schema's required"));
-                    }
-                }
-                command.push(ArgTemplate::Field(field.to_string()));
-            }
-            None if text.contains('{') || text.contains('}') => {
-                c.error(element.span(), format!("tool {tool_name}: fields are substituted as whole arguments only: write \"{{field}}\" as its own element"));
-            }
-            None if text.contains('\0') => {
-                c.error(
-                    element.span(),
-                    format!("tool {tool_name}: command elements must not contain NUL"),
-                );
-            }
-            None if index == 0 => {
-                if let Some(path) = c.path(element, &format!("tool {tool_name}: executable")) {
-                    command.push(ArgTemplate::Literal(path));
-                }
-            }
-            None => command.push(ArgTemplate::Literal(text.clone())),
-        }
-    }
-
-    let stdin = match &file.stdin {
-        None => StdinSource::Empty,
-        Some(s) if s.get_ref() == "$input" => StdinSource::WholeInput,
-        Some(s) => {
-            if input_schema.is_some() && properties.and_then(|p| p.get(s.get_ref())).is_none() {
-                c.error(s.span(), format!("tool {tool_name}: stdin field {:?} is not a property of the input schema (or use \"$input\")", s.get_ref()));
-            }
-            StdinSource::Field(s.get_ref().clone())
-        }
-    };
-
-    let side_effect = match file
-        .side_effect
-        .as_ref()
-        .map(|s| (s.get_ref().as_str(), s.span()))
-    {
-        // Undeclared: built-ins know what they do; commands are assumed destructive.
-        None => match builtin {
-            Some(b) if b.is_read_only() => SideEffect::Read,
-            Some(Builtin::WriteFile | Builtin::Edit) => SideEffect::Write,
-            _ => SideEffect::Destructive,
-        },
-        Some(("read", _)) => SideEffect::Read,
-        Some(("write", _)) => SideEffect::Write,
-        Some(("destructive", _)) => SideEffect::Destructive,
-        Some((other, span)) => {
-            c.error(span, format!("tool {tool_name}: side_effect must be read, write or destructive, not {other:?}"));
-            SideEffect::Destructive
-        }
-    };
-    let approval = match file
-        .approval
-        .as_ref()
-        .map(|s| (s.get_ref().as_str(), s.span()))
-    {
-        None | Some(("auto", _)) => Approval::Auto,
-        Some(("human", _)) => Approval::Human,
-        Some((other, span)) => {
-            c.error(
-                span,
-                format!("tool {tool_name}: approval must be auto or human, not {other:?}"),
-            );
-            Approval::Auto
-        }
-    };
-    let retries = file
-        .retries
-        .as_ref()
-        .and_then(|r| c.integer(r, &format!("tool {tool_name}: retries"), bounds::RETRIES))
-        .and_then(|r| u32::try_from(r).ok())
-        .unwrap_or(0);
-    let timeout = file
-        .timeout
-        .as_ref()
-        .and_then(|t| c.duration(t, &format!("tool {tool_name}: timeout")))
-        .or(profile.map(|p| p.limits.timeout))
-        .unwrap_or(defaults::TIMEOUT);
-
-    if let (Some(profile), SideEffect::Read) = (profile, side_effect)
-        && !profile.write.is_empty()
-    {
-        c.warning(
-            name.span(),
-            format!(
-                "tool {tool_name} is declared read-only but profile {} has write paths",
-                profile.name
-            ),
-        );
-    }
-
-    let concurrency_safe = file.concurrency_safe.as_ref().is_some_and(|v| *v.get_ref());
-    let permissions = file.permissions.as_ref().map(|list| {
-        list.get_ref()
-            .iter()
-            .filter_map(|p| {
-                if PERMISSIONS.contains(&p.get_ref().as_str()) {
-                    Some(p.get_ref().clone())
-                } else {
-                    c.error(
-                        p.span(),
-                        format!(
-                            "tool {tool_name}: unknown permission {:?}; use {}",
-                            p.get_ref(),
-                            PERMISSIONS.join(", ")
-                        ),
-                    );
-                    None
-                }
-            })
-            .collect::<Vec<_>>()
-    });
-    if let (Some(declared), Some(profile), Some(list)) = (&permissions, profile, &file.permissions)
-    {
-        if !profile.write.is_empty() && !declared.iter().any(|p| p == "fs:write") {
-            c.warning(
-                list.span(),
-                format!(
-                    "tool {tool_name} does not declare fs:write but profile {} has write paths",
-                    profile.name
-                ),
-            );
-        }
-        if profile.network != Network::None && !declared.iter().any(|p| p == "network") {
-            c.warning(
-                list.span(),
-                format!(
-                    "tool {tool_name} does not declare network but profile {} has network",
-                    profile.name
-                ),
-            );
-        }
-    }
-    let state = match &file.state {
-        None => ToolState::Active,
-        Some(s) => ToolState::from_name(s.get_ref()).unwrap_or_else(|| {
-            c.error(
-                s.span(),
-                format!(
-                    "tool {tool_name}: state must be active, deferred or suspended, not {:?}",
-                    s.get_ref()
-                ),
-            );
-            ToolState::Active
-        }),
-    };
-    let rate_limit = file
-        .rate_limit
-        .as_ref()
-        .and_then(|r| match RateLimit::parse(r.get_ref()) {
-            Ok(limit) => Some(limit),
-            Err(e) => {
-                c.error(r.span(), format!("tool {tool_name}: {e}"));
-                None
-            }
-        });
-
-    let after = c
-        .diagnostics
-        .iter()
-        .filter(|d| d.severity == Severity::Error)
-        .count();
-    if after != before {
-        return None;
-    }
-    Some(Tool {
-        concurrency_safe,
-        permissions,
-        state,
-        rate_limit,
-        name: tool_name,
-        description: file.description.get_ref().clone(),
-        profile: profile_name,
-        command,
-        builtin,
-        stdin,
-        side_effect,
-        category: file.category.as_ref().map(|c| c.get_ref().clone()),
-        approval,
-        retries,
-        timeout,
-        input_schema: input_schema?,
-        output_schema,
+        proc,
     })
 }
 
@@ -1131,6 +797,13 @@ pub fn validate_policy(
         );
     }
     let strict_objects = file.strict_objects.as_ref().is_some_and(|s| *s.get_ref());
+    let options = ToolOptions {
+        strict_objects,
+        destructive_requires_approval: file
+            .destructive_requires_approval
+            .as_ref()
+            .is_none_or(|v| *v.get_ref()),
+    };
 
     let profiles: BTreeMap<String, Option<Profile>> = file
         .profiles
@@ -1143,7 +816,7 @@ pub fn validate_policy(
         .map(|(name, t)| {
             (
                 name.get_ref().clone(),
-                check_tool(&mut c, name, t, &profiles, strict_objects),
+                check_tool(&mut c, name, t, &profiles, options),
             )
         })
         .collect();
@@ -1168,197 +841,4 @@ pub fn validate_policy(
             .collect(),
     };
     Ok((policy, diagnostics))
-}
-
-/// Validates the gate: rules (every tool and category they name must exist), the default
-/// decision, rate limits, approval and audit settings.
-fn check_gate(
-    c: &mut Checker<'_>,
-    file: &PolicyFile,
-    tools: &BTreeMap<String, Option<Tool>>,
-) -> GatePolicy {
-    let mut gate = GatePolicy::default();
-    if let Some(d) = &file.default_decision {
-        match Decision::from_name(d.get_ref()) {
-            Some(decision) => gate.default_decision = decision,
-            None => c.error(
-                d.span(),
-                format!(
-                    "default_decision must be allow, deny or review, not {:?}",
-                    d.get_ref()
-                ),
-            ),
-        }
-    }
-    let categories: BTreeSet<&str> = tools
-        .values()
-        .flatten()
-        .filter_map(|t| t.category.as_deref())
-        .collect();
-    for (index, rule) in file.rules.iter().enumerate() {
-        let name = rule
-            .name
-            .as_ref()
-            .map_or(format!("rules[{index}]"), |n| n.get_ref().clone());
-        let decision = Decision::from_name(rule.decision.get_ref()).unwrap_or_else(|| {
-            c.error(
-                rule.decision.span(),
-                format!(
-                    "rule {name}: decision must be allow, deny or review, not {:?}",
-                    rule.decision.get_ref()
-                ),
-            );
-            Decision::Deny
-        });
-        let known_tools = |c: &mut Checker<'_>| -> Vec<String> {
-            rule.tools
-                .iter()
-                .map(|t| {
-                    if !tools.contains_key(t.get_ref()) {
-                        c.error(
-                            t.span(),
-                            format!("rule {name}: no tool named {:?}", t.get_ref()),
-                        );
-                    }
-                    t.get_ref().clone()
-                })
-                .collect()
-        };
-        let matches = match rule.matches.get_ref().as_str() {
-            "read_only" => Some(RuleMatch::ReadOnly),
-            "tool" => {
-                if rule.tools.is_empty() {
-                    c.error(
-                        rule.matches.span(),
-                        format!("rule {name}: match = \"tool\" needs tools = [...]"),
-                    );
-                }
-                Some(RuleMatch::Tools(known_tools(c)))
-            }
-            "category" => {
-                if rule.categories.is_empty() {
-                    c.error(
-                        rule.matches.span(),
-                        format!("rule {name}: match = \"category\" needs categories = [...]"),
-                    );
-                }
-                for category in &rule.categories {
-                    if !categories.contains(category.get_ref().as_str()) {
-                        c.warning(
-                            category.span(),
-                            format!("rule {name}: no tool has category {:?}", category.get_ref()),
-                        );
-                    }
-                }
-                Some(RuleMatch::Categories(
-                    rule.categories
-                        .iter()
-                        .map(|c| c.get_ref().clone())
-                        .collect(),
-                ))
-            }
-            "pattern" => {
-                let scoped = known_tools(c);
-                let mut patterns = Vec::new();
-                for pattern in &rule.patterns {
-                    match regex::Regex::new(pattern.get_ref()) {
-                        Ok(re) => patterns.push(re),
-                        Err(e) => c.error(pattern.span(), format!("rule {name}: bad pattern: {e}")),
-                    }
-                }
-                if let Some(preset) = &rule.preset {
-                    match preset_patterns(preset.get_ref()) {
-                        Some(Ok(set)) => patterns.extend(set),
-                        Some(Err(e)) => c.error(
-                            preset.span(),
-                            format!("rule {name}: preset does not compile: {e}"),
-                        ),
-                        None => c.error(
-                            preset.span(),
-                            format!(
-                                "rule {name}: unknown pattern preset {:?}; known: dangerous_shell",
-                                preset.get_ref()
-                            ),
-                        ),
-                    }
-                }
-                if rule.patterns.is_empty() && rule.preset.is_none() {
-                    c.error(
-                        rule.matches.span(),
-                        format!(
-                            "rule {name}: match = \"pattern\" needs patterns = [...] or preset"
-                        ),
-                    );
-                }
-                match &rule.field {
-                    Some(field) => Some(RuleMatch::Pattern {
-                        tools: scoped,
-                        field: field.get_ref().clone(),
-                        patterns,
-                    }),
-                    None => {
-                        c.error(
-                            rule.matches.span(),
-                            format!("rule {name}: match = \"pattern\" needs field = \"...\""),
-                        );
-                        None
-                    }
-                }
-            }
-            other => {
-                c.error(rule.matches.span(), format!("rule {name}: match must be read_only, tool, category or pattern, not {other:?}"));
-                None
-            }
-        };
-        if let Some(matches) = matches {
-            gate.rules.push(Rule {
-                name,
-                matches,
-                decision,
-            });
-        }
-    }
-    if let Some(rates) = &file.rate_limits {
-        let mut parse = |value: &Option<Spanned<String>>| {
-            value
-                .as_ref()
-                .and_then(|v| match RateLimit::parse(v.get_ref()) {
-                    Ok(limit) => Some(limit),
-                    Err(e) => {
-                        c.error(v.span(), format!("rate_limits: {e}"));
-                        None
-                    }
-                })
-        };
-        gate.session_rate = parse(&rates.session);
-        gate.tool_rate = parse(&rates.tool);
-    }
-    if let Some(audit) = &file.audit {
-        gate.audit_include_input = audit.include_input.as_ref().is_some_and(|v| *v.get_ref());
-        if gate.audit_include_input
-            && let Some(v) = &audit.include_input
-        {
-            c.warning(
-                v.span(),
-                "audit.include_input puts tool arguments (which may hold secrets) in audit records",
-            );
-        }
-    }
-    if let Some(approvals) = &file.approvals {
-        if let Some(ttl) = approvals
-            .ttl
-            .as_ref()
-            .and_then(|t| c.duration(t, "approvals.ttl"))
-        {
-            gate.approval_ttl = ttl;
-        }
-        if let Some(max) = approvals
-            .max_pending
-            .as_ref()
-            .and_then(|m| c.integer(m, "approvals.max_pending", (1, 1_000_000)))
-        {
-            gate.max_pending_approvals = usize::try_from(max).unwrap_or(1_000_000);
-        }
-    }
-    gate
 }

@@ -447,17 +447,18 @@ decision = "allow"
     }
 
     #[test]
-    fn tool_metadata_is_validated_and_over_grants_are_warned() {
-        let text = "version = 1\n[profiles.default]\nwrite = [\"/srv\"]\nnetwork = \"loopback\"\n[tools.t]\ndescription = \"d\"\nbuiltin = \"read_file\"\npermissions = [\"fs:read\"]\nstate = \"deferred\"\nrate_limit = \"5/1m\"\nconcurrency_safe = true\n".to_string();
-        let w = warnings(&text);
+    fn tool_metadata_is_validated_and_over_grants_are_errors() {
+        let over = "version = 1\n[profiles.default]\nwrite = [\"/srv\"]\nnetwork = \"loopback\"\n[tools.t]\ndescription = \"d\"\nbuiltin = \"read_file\"\npermissions = [\"fs:read\"]\n";
+        let e = errors(over);
         assert!(
-            w.iter().any(|w| w.contains("does not declare fs:write")),
-            "{w:?}"
+            e.iter().any(|e| e.contains("does not declare fs:write")),
+            "{e:?}"
         );
         assert!(
-            w.iter().any(|w| w.contains("does not declare network")),
-            "{w:?}"
+            e.iter().any(|e| e.contains("does not declare network")),
+            "{e:?}"
         );
+        let text = "version = 1\n[profiles.default]\nread = [\"/usr\"]\n[tools.t]\ndescription = \"d\"\nbuiltin = \"read_file\"\npermissions = [\"fs:read\"]\nstate = \"deferred\"\nrate_limit = \"5/1m\"\nconcurrency_safe = true\n".to_string();
         let loaded = load_policy_str(&text, "p.toml").unwrap();
         let t = &loaded.policy.tools["t"].tool;
         assert_eq!(t.state, airlock_policy::validate::ToolState::Deferred);
@@ -487,4 +488,39 @@ fn cpu_quota_is_a_percentage_of_one_core() {
         ));
         assert!(found[0].contains("limits.cpu_quota"), "{bad}: {found:?}");
     }
+}
+
+#[test]
+fn proc_is_masked_unless_a_profile_opts_into_the_full_view() {
+    let hidden = |extra: &str| {
+        let loaded = load_policy_str(
+            &format!("version = 1\n[profiles.default]\n{extra}\n"),
+            "p.toml",
+        )
+        .unwrap();
+        loaded.policy.profiles["default"]
+            .spec
+            .mounts
+            .iter()
+            .find_map(|op| match op {
+                airlock_protocol::MountOp::Proc { hide, .. } => Some(hide.clone()),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let masked = hidden("");
+    for entry in [
+        "cmdline",
+        "config.gz",
+        "sys/kernel/random/boot_id",
+        "pressure",
+    ] {
+        assert!(masked.iter().any(|h| h == entry), "{entry}: {masked:?}");
+    }
+    assert_eq!(hidden("proc = \"masked\""), masked);
+    assert_eq!(hidden("proc = \"full\""), Vec::<String>::new());
+    assert_eq!(
+        errors("version = 1\n[profiles.default]\nproc = \"none\"\n"),
+        vec!["p.toml:3:8: error: proc must be \"masked\" or \"full\", not \"none\""]
+    );
 }

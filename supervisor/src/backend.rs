@@ -9,12 +9,15 @@ use std::process::Stdio;
 use std::time::Instant;
 
 use airlock_policy::CompiledPolicy;
+use airlock_policy::rules::{Decision, decide};
 use airlock_policy::schema::InputLimits;
+use airlock_policy::validate::{Approval, ToolState};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use crate::call::ToolCall;
 use crate::gate::{CallOptions, Gate, ToolListing};
 use crate::result::{ErrorKind, LandlockLevel, ToolError, ToolResult};
+use crate::serial::{Lanes, NoTurn};
 
 /// A boxed future returned by [`Sandbox::call`].
 pub type CallFuture<'a> = Pin<Box<dyn Future<Output = ToolResult> + Send + 'a>>;
@@ -23,7 +26,7 @@ pub type CallFuture<'a> = Pin<Box<dyn Future<Output = ToolResult> + Send + 'a>>;
 pub trait Sandbox: Send + Sync {
     /// `airlock` or `unsafe_local`.
     fn backend(&self) -> &'static str;
-    /// Active tools with their input schemas.
+    /// Every tool with its state and the schemas enforced; offer a model the active ones.
     fn tools(&self) -> Vec<ToolListing>;
     /// Runs one call to its terminal result.
     fn call<'a>(&'a self, call: &'a ToolCall, opts: &'a CallOptions) -> CallFuture<'a>;
@@ -57,6 +60,7 @@ pub enum Acknowledgement {
 #[derive(Debug)]
 pub struct UnsafeLocal {
     policy: CompiledPolicy,
+    lanes: Lanes,
 }
 
 impl UnsafeLocal {
@@ -64,7 +68,10 @@ impl UnsafeLocal {
     pub fn new(policy: CompiledPolicy, acknowledgement: Acknowledgement) -> Self {
         let Acknowledgement::ToolsRunOnTheHostWithoutIsolation = acknowledgement;
         tracing::warn!("unsafe_local backend: tool calls run on the host without isolation");
-        Self { policy }
+        Self {
+            policy,
+            lanes: Lanes::default(),
+        }
     }
 
     async fn run(&self, call: &ToolCall, opts: &CallOptions) -> ToolResult {
@@ -78,6 +85,19 @@ impl UnsafeLocal {
                 format!("no tool named {:?}", call.tool),
             );
         };
+        if tool.tool.state != ToolState::Active {
+            return ToolResult::rejected(
+                &call.call_id,
+                &call.tool,
+                ToolError {
+                    state: Some(tool.tool.state),
+                    ..ToolError::new(
+                        ErrorKind::ToolUnavailable,
+                        format!("tool {} is not active", tool.tool.name),
+                    )
+                },
+            );
+        }
         if opts.plan_mode && tool.tool.side_effect != airlock_policy::validate::SideEffect::Read {
             return reject(
                 ErrorKind::Denied,
@@ -97,6 +117,31 @@ impl UnsafeLocal {
                 );
             }
         };
+        // No approval flow here: what would wait for a human is refused, as are denials.
+        let verdict = decide(&self.policy.gate, &tool.tool, &input);
+        let needs_human =
+            verdict.decision == Decision::Review || tool.tool.approval == Approval::Human;
+        if verdict.decision == Decision::Deny || needs_human {
+            let (kind, message) = if verdict.decision == Decision::Deny {
+                (
+                    ErrorKind::Denied,
+                    format!("denied by rule {}", verdict.rule),
+                )
+            } else {
+                (
+                    ErrorKind::ApprovalRequired,
+                    "this call needs a human approval, which the unsafe_local backend cannot ask for".to_string(),
+                )
+            };
+            return ToolResult::rejected(
+                &call.call_id,
+                &call.tool,
+                ToolError {
+                    rule: Some(verdict.rule),
+                    ..ToolError::new(kind, message)
+                },
+            );
+        }
         if tool.tool.builtin.is_some() {
             return reject(
                 ErrorKind::SandboxUnavailable,
@@ -112,6 +157,31 @@ impl UnsafeLocal {
                 ErrorKind::SandboxUnavailable,
                 "the tool's profile is missing".into(),
             );
+        };
+        // As in the gate: a tool that is not concurrency_safe runs one call at a time per
+        // session, for at most its deadline.
+        let _turn = if tool.tool.concurrency_safe {
+            None
+        } else {
+            let turn = self.lanes.turn(
+                opts.session.as_deref(),
+                &tool.tool.name,
+                opts.cancel.as_ref(),
+                tool.tool.timeout,
+            );
+            match turn.await {
+                Ok(turn) => Some(turn),
+                Err(NoTurn::Cancelled) => {
+                    return reject(ErrorKind::Cancelled, "cancelled by the caller".into());
+                }
+                Err(NoTurn::TimedOut) => {
+                    return reject(
+                        ErrorKind::Timeout,
+                        "the deadline passed waiting for an earlier call of this tool in this session"
+                            .into(),
+                    );
+                }
+            }
         };
         let limit = usize::try_from(profile.limits.output_bytes).unwrap_or(usize::MAX);
         let mut command = tokio::process::Command::new(&argv[0]);
@@ -166,8 +236,9 @@ impl UnsafeLocal {
             ),
         );
         result.attempts = 1;
-        result.isolation.backend = "unsafe_local".into();
-        result.isolation.landlock = LandlockLevel::None;
+        let isolation = result.isolation_mut();
+        isolation.backend = "unsafe_local".into();
+        isolation.landlock = LandlockLevel::None;
         if let Some(((stdout, stdout_truncated), (stderr, stderr_truncated), status)) = outcome {
             result.stdout = String::from_utf8_lossy(&stdout).into_owned();
             result.stderr = String::from_utf8_lossy(&stderr).into_owned();
@@ -233,15 +304,7 @@ impl Sandbox for UnsafeLocal {
         self.policy
             .tools
             .values()
-            .filter(|t| t.tool.state == airlock_policy::validate::ToolState::Active)
-            .map(|t| ToolListing {
-                name: t.tool.name.clone(),
-                description: t.tool.description.clone(),
-                input_schema: t.tool.input_schema.clone(),
-                side_effect: t.tool.side_effect,
-                category: t.tool.category.clone(),
-                concurrency_safe: t.tool.concurrency_safe,
-            })
+            .map(|t| ToolListing::of(t, t.tool.state))
             .collect()
     }
 

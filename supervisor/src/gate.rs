@@ -6,11 +6,11 @@
 // boxing it only to shrink the `Err` variant would add an allocation and nothing else.
 #![allow(clippy::result_large_err)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use airlock_policy::rules::{Decision, RateLimit, Verdict, decide};
+use airlock_policy::rules::{Decision, Verdict, decide};
 use airlock_policy::schema::{InputError, InputLimits};
 use airlock_policy::validate::{SideEffect, ToolState};
 use airlock_policy::{CompiledPolicy, CompiledTool};
@@ -23,8 +23,11 @@ use crate::approvals::{ApprovalStore, DigestKey, Pending, random_id, tool_versio
 use crate::audit::{AuditSink, Event, EventKind, sanitize};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
+pub use crate::listing::ToolListing;
+use crate::rate::RateState;
 use crate::result::{ErrorKind, InputViolation, ToolError, ToolResult};
 use crate::sandbox::{SandboxRun, Supervisor};
+use crate::serial::{Lanes, NoTurn};
 
 /// The time source of approvals and rate limits (injectable for tests).
 pub trait Clock: Send + Sync + std::fmt::Debug {
@@ -74,76 +77,9 @@ pub struct CallOptions {
     pub timeout: Option<std::time::Duration>,
 }
 
-/// A token bucket.
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    updated: SystemTime,
-}
-
 fn millis(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// Most distinct sessions tracked for rate limiting (oldest forgotten first).
-const MAX_SESSIONS: usize = 10_000;
-
-#[derive(Debug, Default)]
-struct RateState {
-    buckets: HashMap<String, Bucket>,
-    order: VecDeque<String>,
-}
-
-impl RateState {
-    /// Takes one token from `key`'s bucket; false when empty.
-    fn take(&mut self, key: &str, limit: RateLimit, now: SystemTime) -> bool {
-        if !self.buckets.contains_key(key) {
-            if self.order.len() >= MAX_SESSIONS
-                && let Some(old) = self.order.pop_front()
-            {
-                self.buckets.remove(&old);
-            }
-            self.order.push_back(key.to_string());
-            self.buckets.insert(
-                key.to_string(),
-                Bucket {
-                    tokens: f64::from(limit.calls),
-                    updated: now,
-                },
-            );
-        }
-        let Some(bucket) = self.buckets.get_mut(key) else {
-            return false;
-        };
-        let elapsed = now.duration_since(bucket.updated).unwrap_or(Duration::ZERO);
-        let refill = elapsed.as_secs_f64() / limit.period.as_secs_f64() * f64::from(limit.calls);
-        bucket.tokens = (bucket.tokens + refill).min(f64::from(limit.calls));
-        bucket.updated = now;
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-/// A tool as listed to a model.
-#[derive(Debug, Clone, Serialize)]
-pub struct ToolListing {
-    /// Name.
-    pub name: String,
-    /// Description.
-    pub description: String,
-    /// Input JSON Schema.
-    pub input_schema: Value,
-    /// Side effect.
-    pub side_effect: SideEffect,
-    /// Category.
-    pub category: Option<String>,
-    /// Concurrency safety.
-    pub concurrency_safe: bool,
 }
 
 /// What a dry run reports.
@@ -186,6 +122,8 @@ pub struct Gate {
     /// call is refused rather than digested guessably.
     digest_key: Option<DigestKey>,
     rates: Mutex<RateState>,
+    /// Calls of tools that are not `concurrency_safe`, one at a time per session.
+    lanes: Lanes,
     clock: Arc<dyn Clock>,
     callback: Option<Arc<dyn ApprovalCallback>>,
     events: broadcast::Sender<Event>,
@@ -223,6 +161,18 @@ pub(crate) fn invalid_input(error: InputError) -> ToolError {
     }
 }
 
+/// A known tool that is not active: its state, so the caller can tell "not yet" from "no".
+fn unavailable(tool: &str, state: ToolState) -> ToolError {
+    let why = match state {
+        ToolState::Deferred => "deferred: not offered yet",
+        _ => "suspended: taken out of service",
+    };
+    ToolError {
+        state: Some(state),
+        ..ToolError::new(ErrorKind::ToolUnavailable, format!("tool {tool} is {why}"))
+    }
+}
+
 /// Whether a failed attempt may be retried in a fresh worker (DESIGN §1): only tool failures
 /// and transient spawn failures.
 pub fn retry_eligible(error: &ToolError) -> bool {
@@ -248,6 +198,7 @@ impl Gate {
             approvals: Mutex::new(ApprovalStore::default()),
             digest_key: DigestKey::random(),
             rates: Mutex::new(RateState::default()),
+            lanes: Lanes::default(),
             clock: Arc::new(SystemClock),
             callback: None,
             events: broadcast::channel(1024).0,
@@ -362,20 +313,13 @@ impl Gate {
         true
     }
 
-    /// The active tools, ready to hand to a model.
+    /// Every tool with its current state and exactly the schemas the gate enforces. Offer a
+    /// model the `active` ones; the others answer `tool_unavailable`.
     pub fn tools(&self) -> Vec<ToolListing> {
         self.policy()
             .tools
             .values()
-            .filter(|t| self.state_of(t) == ToolState::Active)
-            .map(|t| ToolListing {
-                name: t.tool.name.clone(),
-                description: t.tool.description.clone(),
-                input_schema: t.tool.input_schema.clone(),
-                side_effect: t.tool.side_effect,
-                category: t.tool.category.clone(),
-                concurrency_safe: t.tool.concurrency_safe,
-            })
+            .map(|t| ToolListing::of(t, self.state_of(t)))
             .collect()
     }
 
@@ -383,11 +327,14 @@ impl Gate {
     fn prepare(&self, call: &ToolCall) -> Result<Prepared, ToolError> {
         let policy = self.policy();
         let tool = match policy.tools.get(&call.tool) {
-            Some(tool) if self.state_of(tool) == ToolState::Active => tool.clone(),
-            _ => {
+            Some(tool) => match self.state_of(tool) {
+                ToolState::Active => tool.clone(),
+                state => return Err(unavailable(&tool.tool.name, state)),
+            },
+            None => {
                 return Err(ToolError::new(
                     ErrorKind::UnknownTool,
-                    format!("no active tool named {:?}", sanitize(&call.tool)),
+                    format!("no tool named {:?}", sanitize(&call.tool)),
                 ));
             }
         };
@@ -479,9 +426,11 @@ impl Gate {
     ) -> Result<(), ToolResult> {
         let gate = &prepared.policy.gate;
         let now = self.clock.now();
-        let Ok(mut rates) = self.rates.lock() else {
-            return Ok(());
-        };
+        // A poisoned lock still holds valid buckets: never skip the limits because of it.
+        let mut rates = self
+            .rates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let (Some(limit), Some(session)) = (gate.session_rate, &opts.session)
             && !rates.take(&format!("session:{session}"), limit, now)
         {
@@ -597,6 +546,27 @@ impl Gate {
         prepared: Prepared,
         verdict: Verdict,
     ) -> ToolResult {
+        let tool = &prepared.tool;
+        let timeout = opts
+            .timeout
+            .map_or(tool.tool.timeout, |t| t.min(tool.tool.timeout));
+        // Held for every attempt: a tool that is not concurrency_safe runs one call at a
+        // time per session, and a wait for an earlier call counts against the deadline.
+        let turn = if tool.tool.concurrency_safe {
+            None
+        } else {
+            let turn = self.lanes.turn(
+                opts.session.as_deref(),
+                &tool.tool.name,
+                opts.cancel.as_ref(),
+                timeout,
+            );
+            match turn.await {
+                Ok(turn) => Some(turn),
+                Err(no_turn) => return self.refuse(call, opts, queued_too_long(no_turn, timeout)),
+            }
+        };
+        let timeout = timeout.saturating_sub(turn.as_ref().map_or(Duration::ZERO, |t| t.waited));
         let mut called = Event::new(
             EventKind::Called,
             &call.call_id,
@@ -611,7 +581,6 @@ impl Gate {
         }
         self.emit(called);
 
-        let tool = &prepared.tool;
         let Some(profile) = prepared.policy.profiles.get(&tool.tool.profile) else {
             return rejected(
                 call,
@@ -633,9 +602,7 @@ impl Gate {
                 argv: prepared.argv.clone(),
                 stdin: tool.render_stdin(&prepared.input),
                 arguments_json: prepared.input.to_string(),
-                timeout: opts
-                    .timeout
-                    .map_or(tool.tool.timeout, |t| t.min(tool.tool.timeout)),
+                timeout,
                 inherit_stdio: None,
                 builtin: tool.tool.builtin.map(|b| b.name().to_string()),
             };
@@ -691,7 +658,14 @@ impl Gate {
             let reason = format!("rule {} asks a human to review this call", verdict.rule);
             (verdict.rule.clone(), reason)
         } else if tool.approval == airlock_policy::validate::Approval::Human {
-            let reason = format!("tool {} asks a human to approve every call", tool.name);
+            let reason = if tool.approval_implied {
+                format!(
+                    "tool {} is destructive: every call needs a human's approval",
+                    tool.name
+                )
+            } else {
+                format!("tool {} asks a human to approve every call", tool.name)
+            };
             ("approval".to_string(), reason)
         } else {
             let reason = format!("proposed by the caller; rule {} allows it", verdict.rule);
@@ -887,6 +861,19 @@ impl Gate {
             timeout_ms: u64::try_from(tool.timeout.as_millis()).unwrap_or(u64::MAX),
             input_digest: prepared.digest,
         })
+    }
+}
+
+/// Why a call that waited for an earlier one of its tool and session never ran.
+fn queued_too_long(no_turn: NoTurn, timeout: Duration) -> ToolError {
+    let waiting =
+        "waiting for an earlier call of this tool in this session (it is not concurrency_safe)";
+    match no_turn {
+        NoTurn::Cancelled => ToolError::new(ErrorKind::Cancelled, format!("cancelled {waiting}")),
+        NoTurn::TimedOut => ToolError {
+            timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+            ..ToolError::new(ErrorKind::Timeout, format!("the deadline passed {waiting}"))
+        },
     }
 }
 

@@ -105,7 +105,8 @@ def basic(path):
     c.send({"id": "s", "op": "set_state", "tool": "echo", "state": "suspended"})
     expect(c.receive()["result"]["state"] == "suspended", "set_state")
     c.call("after", "echo", {"text": "x"})
-    expect(c.receive()["result"]["error"]["kind"] == "unknown_tool", "suspended tool")
+    error = c.receive()["result"]["error"]
+    expect(error["kind"] == "tool_unavailable" and error["state"] == "suspended", error)
     c.send({"id": "s2", "op": "set_state", "tool": "echo", "state": "active"})
     c.receive()
 

@@ -11,6 +11,7 @@ use airlock::audit::AuditSink;
 use airlock::gate::{ApprovalCallback, ApprovalRequest, Clock};
 use airlock::{CallOptions, ErrorKind, Gate, ToolCall};
 use airlock_policy::load_policy_str;
+use airlock_policy::validate::ToolState;
 use airlock_tests::sandbox_available;
 
 const POLICY: &str = r#"
@@ -220,15 +221,25 @@ async fn bad_input_and_unknown_or_inactive_tools_never_reach_a_sandbox() {
     }
     let unknown = gate.call(&call("nope", serde_json::json!({})), &opts).await;
     assert_eq!(kind(&unknown), Some(ErrorKind::UnknownTool));
-    assert!(gate.set_state("echo", airlock_policy::validate::ToolState::Suspended));
-    let suspended = gate
-        .call(&call("echo", serde_json::json!({"text": "x"})), &opts)
-        .await;
-    assert_eq!(kind(&suspended), Some(ErrorKind::UnknownTool));
-    assert!(!gate.tools().iter().any(|t| t.name == "echo"));
-    assert!(gate.set_state("echo", airlock_policy::validate::ToolState::Active));
-    assert!(gate.tools().iter().any(|t| t.name == "echo"));
-    assert!(!gate.set_state("nope", airlock_policy::validate::ToolState::Active));
+    let state_of = |name: &str| {
+        gate.tools()
+            .into_iter()
+            .find(|t| t.name == name)
+            .map(|t| t.state)
+    };
+    for state in [ToolState::Suspended, ToolState::Deferred] {
+        assert!(gate.set_state("echo", state));
+        let unavailable = gate
+            .call(&call("echo", serde_json::json!({"text": "x"})), &opts)
+            .await;
+        assert_eq!(kind(&unavailable), Some(ErrorKind::ToolUnavailable));
+        assert_eq!(unavailable.error.unwrap().state, Some(state));
+        assert_eq!(unavailable.attempts, 0);
+        assert_eq!(state_of("echo"), Some(state));
+    }
+    assert!(gate.set_state("echo", ToolState::Active));
+    assert_eq!(state_of("echo"), Some(ToolState::Active));
+    assert!(!gate.set_state("nope", ToolState::Active));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

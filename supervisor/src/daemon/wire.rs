@@ -24,7 +24,7 @@ pub const MAX_ID_BYTES: usize = 256;
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
-    /// List active tools with their input schemas.
+    /// List every tool with its state and the schemas the gate enforces.
     Tools,
     /// Call a tool.
     Call(CallRequest),
