@@ -243,6 +243,8 @@ fn attack(name: &str, args: &[String]) -> Option<String> {
             names.sort();
             format!("dev={}", names.join(","))
         }
+        "cgroup-view" => cgroup_view(),
+        "proc-hidden" => proc_hidden(args),
         "proc-pids" => {
             let count = std::fs::read_dir("/proc")
                 .map(|dir| {
@@ -464,4 +466,44 @@ fn listen_abstract(name: &str, ready: &std::path::Path, done: &std::path::Path) 
             Err(e) => return format!("accept-errno={}", e.raw_os_error().unwrap_or(0)),
         }
     }
+}
+
+/// `cgroup=/` when `/proc/self/cgroup` shows the sandbox's own cgroup as the root in every
+/// hierarchy, else `cgroup=` and the paths it shows (which named the supervisor's pid and
+/// its count of workers when the namespace was rooted above the worker).
+fn cgroup_view() -> String {
+    let text = match std::fs::read_to_string("/proc/self/cgroup") {
+        Ok(text) => text,
+        Err(e) => return show_io::<()>(Err(e)),
+    };
+    let mut paths: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.splitn(3, ':').nth(2))
+        .collect();
+    paths.sort_unstable();
+    paths.dedup();
+    format!("cgroup={}", paths.join(","))
+}
+
+/// `hidden` when every path is missing, unreadable, an empty file or an empty directory;
+/// else the first that shows something and how much.
+fn proc_hidden(paths: &[String]) -> String {
+    for path in paths {
+        let shown = match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => std::fs::read_dir(path).map(|dir| dir.count()),
+            Ok(_) => std::fs::read(path).map(|bytes| bytes.len()),
+            Err(e) => Err(e),
+        };
+        match shown {
+            Ok(0) => {}
+            Ok(n) => return format!("shown={path}:{n}"),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::EACCES | libc::EPERM)
+                ) => {}
+            Err(e) => return format!("{path}: {}", show_io::<()>(Err(e))),
+        }
+    }
+    "hidden".into()
 }

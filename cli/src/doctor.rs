@@ -793,11 +793,11 @@ fn check_cgroups() -> (Vec<Check>, Option<CgroupParent>) {
 }
 
 /// Creates a worker cgroup with the default profile's limits where a worker's would go,
-/// then removes it. Its name follows the supervisor's `airlock-<pid>-<n>` pattern, so a
-/// later supervisor sweeps it away should this process die in between.
+/// then removes it. Its name is a supervisor's worker cgroup name, so a later supervisor
+/// sweeps it away should this process die in between.
 fn probe_worker_cgroup(parent: &CgroupParent) -> Check {
     const TITLE: &str = "worker cgroup create/remove";
-    let name = format!("airlock-{}-{}", std::process::id(), u32::MAX);
+    let name = airlock::cgroup::worker_cgroup_name(u64::from(u32::MAX));
     let limits = CgroupLimits {
         memory_bytes: airlock_policy::validate::defaults::MEMORY_BYTES,
         pids: airlock_policy::validate::defaults::PIDS,
@@ -877,7 +877,8 @@ fn check_default_sandbox(parent: Option<CgroupParent>) -> Check {
             );
         }
     };
-    let isolation = &result.isolation;
+    // An ok result always ran in a worker; the default only spares an unwrap.
+    let isolation = &result.isolation.clone().unwrap_or_default();
     let facts = json!({
         "ok": result.ok,
         "duration_ms": result.duration_ms,

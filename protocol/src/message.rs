@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::spec::SandboxSpec;
 
 /// Version of this protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Messages sent by the (trusted) supervisor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -72,6 +72,10 @@ pub enum MountOp {
     Proc {
         /// Mount point inside the sandbox.
         target: String,
+        /// Entries of it, relative to `target`, covered with an empty read-only file or
+        /// directory (as container runtimes mask them): host-identifying and host-wide ones.
+        /// An entry this kernel does not have is skipped.
+        hide: Vec<String>,
     },
     /// A minimal `/dev`: a directory of the read-only root holding bind-mounted null,
     /// zero, full, random, urandom (and the `/dev/fd`, `/dev/std*` symlinks).

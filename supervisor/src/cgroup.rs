@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 use nix::unistd::AccessFlags;
 use serde::{Deserialize, Serialize};
 
+mod stale;
+pub use stale::worker_cgroup_name;
+
 /// The leaf a v2 supervisor moves itself into so its own cgroup may enable controllers.
 const SUPERVISOR_LEAF: &str = "airlock-supervisor";
 /// The v2 directory under which worker cgroups are created.
@@ -1393,12 +1396,12 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A temporary directory standing in for `/`; removed on drop.
-    struct FakeTree {
+    pub(super) struct FakeTree {
         root: PathBuf,
     }
 
     impl FakeTree {
-        fn new() -> Self {
+        pub(super) fn new() -> Self {
             static NEXT: AtomicUsize = AtomicUsize::new(0);
             let root = std::env::temp_dir().join(format!(
                 "airlock-cgroup-test-{}-{}",
@@ -1410,11 +1413,11 @@ mod tests {
             FakeTree { root }
         }
 
-        fn path(&self, relative: &str) -> PathBuf {
+        pub(super) fn path(&self, relative: &str) -> PathBuf {
             self.root.join(relative)
         }
 
-        fn write(&self, relative: &str, content: &str) {
+        pub(super) fn write(&self, relative: &str, content: &str) {
             let path = self.path(relative);
             fs::create_dir_all(path.parent().unwrap()).unwrap();
             fs::write(path, content).unwrap();
@@ -1553,7 +1556,7 @@ mod tests {
 26 25 0:23 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
 ";
 
-    fn hybrid_tree() -> FakeTree {
+    pub(super) fn hybrid_tree() -> FakeTree {
         let tree = FakeTree::new();
         tree.cgroup(
             &format!("sys/fs/cgroup/memory{OWN_MEMORY}"),
@@ -2312,7 +2315,7 @@ mod tests {
         }
     }
 
-    fn hybrid_parent(tree: &FakeTree) -> CgroupParent {
+    pub(super) fn hybrid_parent(tree: &FakeTree) -> CgroupParent {
         detect_fake(
             tree,
             &hybrid_proc_self_cgroup(),

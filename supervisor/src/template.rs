@@ -85,7 +85,7 @@ fn is_at_or_below(path: &str, top: &str) -> bool {
 /// below a per-worker mount (it would be covered), or per-worker mounts inside one another.
 pub fn split_plan(plan: &[MountOp]) -> Option<SplitPlan> {
     let per_worker_target = |op: &MountOp| match op {
-        MountOp::Tmpfs { target, .. } | MountOp::Proc { target } => Some(target.clone()),
+        MountOp::Tmpfs { target, .. } | MountOp::Proc { target, .. } => Some(target.clone()),
         _ => None,
     };
     let tops: Vec<String> = plan.iter().filter_map(per_worker_target).collect();
@@ -115,9 +115,16 @@ pub fn split_plan(plan: &[MountOp]) -> Option<SplitPlan> {
                 split.per_worker.push(op.clone());
                 continue;
             }
-            MountOp::Proc { .. } => {
-                // The holder's procfs is what makes each worker's own allowed.
-                split.template.push(op.clone());
+            MountOp::Proc { target, .. } => {
+                // The holder's procfs is what makes each worker's own allowed, and only
+                // while nothing is mounted in it: a worker's copy of a mask would be locked,
+                // and a procfs with a locked mount over a file or a non-empty directory is
+                // not "fully visible", so the kernel would refuse the worker's. Each worker
+                // masks its own procfs.
+                split.template.push(MountOp::Proc {
+                    target: target.clone(),
+                    hide: Vec::new(),
+                });
                 split.per_worker.push(op.clone());
                 continue;
             }
@@ -178,7 +185,7 @@ pub fn source_identities(plan: &[MountOp]) -> Vec<SourceIdentity> {
                 }
                 target
             }
-            MountOp::Tmpfs { target, .. } | MountOp::Proc { target } => target,
+            MountOp::Tmpfs { target, .. } | MountOp::Proc { target, .. } => target,
             MountOp::Symlink { path, .. } | MountOp::Dir { path, .. } => path,
         };
         for (top, host) in &writable {
@@ -350,6 +357,11 @@ mod tests {
     fn a_read_only_plan_splits_into_the_shared_root_and_the_per_worker_mounts() {
         let proc = MountOp::Proc {
             target: "/proc".into(),
+            hide: vec!["cmdline".into()],
+        };
+        let unmasked_proc = MountOp::Proc {
+            target: "/proc".into(),
+            hide: Vec::new(),
         };
         let plan = vec![
             bind("/usr", "/usr", false),
@@ -368,7 +380,8 @@ mod tests {
                     path: "/tmp".into(),
                     mode: 0o755
                 },
-                proc.clone(),
+                // Masks are each worker's: see split_plan.
+                unmasked_proc,
                 MountOp::Dev {
                     target: "/dev".into()
                 },

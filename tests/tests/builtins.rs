@@ -36,6 +36,8 @@ builtin = "edit"
 [tools.bash]
 description = "Run a shell command in the sandbox"
 builtin = "bash"
+# Destructive, so it would wait for a human: these tests are about confinement.
+approval = "auto"
 "#
     )
 }
@@ -174,4 +176,113 @@ fn bash_runs_inside_the_sandbox_not_on_the_host() {
         serde_json::json!({"command": "echo $((1+2)); cat /proc/sys/kernel/hostname; cat /etc/shadow 2>/dev/null || echo denied"}),
     );
     assert_eq!(result["stdout"], "3\nairlock\ndenied\n", "{result}");
+}
+
+/// A workspace whose policy gives every call 5 s: a built-in that blocks fails the test
+/// by timing out, not by hanging it.
+fn short_policy(scratch: &Scratch, workspace: &Path) -> std::path::PathBuf {
+    let text = policy(workspace).replace("cwd = ", "limits = { timeout = \"5s\" }\ncwd = ");
+    scratch.write("p.toml", &text)
+}
+
+#[test]
+fn a_fifo_planted_by_an_earlier_call_is_refused_at_once_instead_of_hanging_the_call() {
+    if !sandbox_available() {
+        return;
+    }
+    let scratch = Scratch::new("builtins-fifo");
+    let workspace = scratch.0.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    make_writable_for_sandbox(&workspace);
+    let policy_file = short_policy(&scratch, &workspace);
+    let planted = call(
+        &policy_file,
+        "bash",
+        serde_json::json!({"command": "mkfifo pipe"}),
+    );
+    assert_eq!(planted["ok"], true, "{planted}");
+    let pipe = workspace.join("pipe").display().to_string();
+    for (tool, input) in [
+        ("read_file", serde_json::json!({"path": pipe})),
+        (
+            "edit",
+            serde_json::json!({"path": pipe, "old_text": "a", "new_text": "b"}),
+        ),
+        (
+            "write_file",
+            serde_json::json!({"path": pipe, "content": "x"}),
+        ),
+    ] {
+        let result = call(&policy_file, tool, input);
+        assert_eq!(result["error"]["kind"], "tool_failed", "{tool}: {result}");
+        assert_eq!(
+            result["stderr"],
+            format!(
+                "{pipe} is a FIFO, not a regular file: built-ins read and write regular files only\n"
+            ),
+            "{tool}"
+        );
+    }
+}
+
+#[test]
+fn device_nodes_are_not_files_to_read_or_write() {
+    if !sandbox_available() {
+        return;
+    }
+    let scratch = Scratch::new("builtins-dev");
+    let workspace = scratch.0.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    make_writable_for_sandbox(&workspace);
+    let policy_file = short_policy(&scratch, &workspace);
+    for (tool, input) in [
+        ("read_file", serde_json::json!({"path": "/dev/zero"})),
+        (
+            "write_file",
+            serde_json::json!({"path": "/dev/null", "content": "x"}),
+        ),
+    ] {
+        let result = call(&policy_file, tool, input);
+        assert_eq!(result["error"]["kind"], "tool_failed", "{tool}: {result}");
+        assert_eq!(result["stdout"], "", "{tool}");
+        assert!(
+            result["stderr"]
+                .as_str()
+                .unwrap()
+                .contains("is a character device, not a regular file"),
+            "{tool}: {result}"
+        );
+    }
+}
+
+#[test]
+fn list_dir_gives_a_name_that_is_not_utf8_as_its_exact_bytes() {
+    if !sandbox_available() {
+        return;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let scratch = Scratch::new("builtins-names");
+    let workspace = scratch.0.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    make_writable_for_sandbox(&workspace);
+    let policy_file = short_policy(&scratch, &workspace);
+    std::fs::write(workspace.join(std::ffi::OsStr::from_bytes(b"caf\xe9")), "").unwrap();
+    std::fs::write(workspace.join("caf\u{e9}"), "").unwrap();
+    let listed = call(
+        &policy_file,
+        "list_dir",
+        serde_json::json!({"path": workspace.display().to_string()}),
+    );
+    let entries: serde_json::Value =
+        serde_json::from_str(listed["stdout"].as_str().unwrap()).unwrap();
+    // Latin-1 "café" and UTF-8 "café": two files, told apart (lossily both were "caf\u{fffd}"
+    // and "café", and the first named no file that exists).
+    assert_eq!(
+        entries,
+        serde_json::json!([
+            {"name": "caf\u{e9}", "type": "file", "size": 0},
+            {"name_base64": "Y2Fm6Q==", "type": "file", "size": 0},
+        ]),
+        "{listed}"
+    );
 }

@@ -100,10 +100,15 @@ fn root_holds_only_what_the_profile_grants() {
         "/etc/alternatives",
         "/etc/ca-certificates",
     ];
+    // And what covers the masked entries of /proc.
+    let masks: Vec<String> = airlock_policy::compile::HIDDEN_IN_PROC
+        .iter()
+        .map(|entry| format!("/proc/{entry}"))
+        .collect();
     let out = stdout_of(&result);
     for mount_point in out.lines() {
         assert!(
-            allowed.contains(&mount_point),
+            allowed.contains(&mount_point) || masks.iter().any(|m| m == mount_point),
             "unexpected mount {mount_point} in {out}"
         );
     }
@@ -248,4 +253,64 @@ fn exec_passes_stdio_and_the_exit_code_through() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn the_cgroup_view_is_rooted_at_the_sandboxs_own_cgroup() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = sh("cat /proc/self/cgroup");
+    assert_eq!(result["ok"], true, "{result}");
+    let out = stdout_of(&result);
+    assert!(!out.is_empty());
+    // Rooted above the worker, the paths named the supervisor's host pid and how many
+    // workers it had made (`/airlock-<pid>-<n>`).
+    for line in out.lines() {
+        assert_eq!(line.splitn(3, ':').nth(2), Some("/"), "{out}");
+    }
+}
+
+/// What the sandbox shows of its procfs's host-identifying entries: the bytes of the
+/// kernel command line and the boot id, and the entries of /proc/pressure.
+const PROC_IDENTITY: &str = "wc -c < /proc/cmdline; wc -c < /proc/sys/kernel/random/boot_id; \
+     ls -A /proc/pressure 2>/dev/null | wc -l; grep -q . /proc/self/stat && echo stat";
+
+#[test]
+fn host_identifying_proc_entries_read_empty() {
+    if !sandbox_available() {
+        return;
+    }
+    let result = sh(PROC_IDENTITY);
+    assert_eq!(result["ok"], true, "{result}");
+    assert_eq!(stdout_of(&result), "0\n0\n0\nstat\n", "{result}");
+    // Read-only: nothing can be written into what hides them.
+    let write = sh("echo x > /proc/cmdline 2>/dev/null || echo refused");
+    assert_eq!(stdout_of(&write), "refused\n", "{write}");
+}
+
+#[test]
+fn a_profile_with_proc_full_sees_the_whole_procfs() {
+    if !sandbox_available() {
+        return;
+    }
+    let scratch = airlock_tests::Scratch::new("proc-full");
+    let preset = airlock_policy::presets::preset_text("default").unwrap();
+    let policy = scratch.write(
+        "full.toml",
+        &preset.replace(
+            "[profiles.default]\n",
+            "[profiles.default]\nproc = \"full\"\n",
+        ),
+    );
+    let result = exec_json(
+        Some(&policy),
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "wc -c < /proc/sys/kernel/random/boot_id; grep -q . /proc/cmdline && echo cmdline",
+        ],
+    );
+    assert_eq!(stdout_of(&result), "37\ncmdline\n", "{result}");
 }

@@ -177,3 +177,19 @@ fn binds_by_descriptor_and_by_mount_syscall_give_the_same_root() {
         "the host's /etc was not bound"
     );
 }
+
+#[test]
+fn a_built_root_covers_host_identifying_proc_entries_with_empty_read_only_ones() {
+    for method in ["preferred", "mount-syscall"] {
+        let Some(report) = mount_probe(method) else {
+            return;
+        };
+        let hidden = report["proc_hidden"].as_object().unwrap();
+        assert!(hidden.contains_key("cmdline"), "{method}: {report}");
+        for (entry, view) in hidden {
+            assert_eq!(view, "empty", "{method}: /proc/{entry}: {report}");
+        }
+        // The rest of the procfs works.
+        assert!(report["proc_self_stat"].as_u64().unwrap() > 0, "{report}");
+    }
+}

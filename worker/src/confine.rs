@@ -1,7 +1,8 @@
 //! The confinement recipe: the worker confines itself, step by step, in this order.
 //!
 //! When this runs the worker is already PID 1 of fresh user, mount, pid, net, ipc, uts and
-//! cgroup namespaces (the supervisor's clone flags), uid 0 inside its user namespace with
+//! cgroup namespaces (the supervisor's clone flags; the cgroup one rooted at the worker's
+//! own cgroup, so `/proc/self/cgroup` reads `/`), uid 0 inside its user namespace with
 //! every capability *there*, and mapped to an unprivileged host uid (the supervisor wrote
 //! the uid/gid maps before letting it exec). Each step below says why it sits where it is.
 

@@ -385,6 +385,32 @@ impl Binder {
         }
         bind_by_remount(source, source_id, point, writable, extra)
     }
+
+    /// Binds `source` on `target` as it is, its mount's flags and all (no remount, no
+    /// check that the target shows it: for targets nothing else can reach yet). `fd_path`
+    /// names a descriptor for mount(2).
+    fn cover(
+        &self,
+        source: &OwnedFd,
+        target: &OwnedFd,
+        fd_path: impl Fn(&OwnedFd) -> std::path::PathBuf,
+    ) -> nix::Result<()> {
+        let errno = |e: std::io::Error| Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO));
+        if self.by_descriptor.get() {
+            match crate::sys::clone_mount_detached(source).map_err(errno) {
+                Ok(tree) => return crate::sys::attach_mount(&tree, target).map_err(errno),
+                Err(Errno::ENOSYS | Errno::EPERM) => self.by_descriptor.set(false),
+                Err(e) => return Err(e),
+            }
+        }
+        mount(
+            Some(&fd_path(source)),
+            &fd_path(target),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+    }
 }
 
 /// Why a bind by descriptor did not happen.
@@ -496,6 +522,135 @@ fn build_dev(
     Ok(())
 }
 
+/// How a new file system names its mount point: by descriptor, relative to the host's
+/// [`FD_DIR`] (the working directory while a root is built), or by path, in a template's
+/// namespace, where `/proc/self` means nothing until the worker's own procfs is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Naming {
+    Descriptor,
+    Path,
+}
+
+impl MountPoint {
+    /// Mounts a new file system of type `fstype` on the point.
+    fn mount_new(
+        &self,
+        naming: Naming,
+        fstype: &str,
+        flags: MsFlags,
+        data: Option<&str>,
+        operation: &'static str,
+    ) -> Result<(), MountError> {
+        match naming {
+            Naming::Descriptor => self.mount(
+                Some(Path::new(fstype)),
+                Some(fstype),
+                flags,
+                data,
+                operation,
+            ),
+            Naming::Path => mount(Some(fstype), self.path.as_str(), Some(fstype), flags, data)
+                .map_err(sys(operation, &self.path)),
+        }
+    }
+}
+
+/// An empty directory and an empty file, on a read-only, nosuid, nodev, noexec mount: a
+/// bind of either copies those flags, so covering an entry with one is two syscalls.
+struct EmptyNodes {
+    dir: OwnedFd,
+    file: OwnedFd,
+}
+
+/// Makes [`EmptyNodes`] in a tiny tmpfs mounted on the procfs's own mount point, which the
+/// procfs then covers: nothing in the sandbox can reach them but through the binds, and
+/// no empty file or directory appears anywhere else in its tree.
+fn make_empty_nodes(point: &MountPoint, naming: Naming) -> Result<EmptyNodes, MountError> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    point.mount_new(
+        naming,
+        "tmpfs",
+        flags,
+        Some("size=4k,nr_inodes=4,mode=755"),
+        "mount tmpfs",
+    )?;
+    let top = point.mounted()?;
+    make_dir(&top, OsStr::new("dir"), 0o555).map_err(sys("mkdir", &point.path))?;
+    openat(
+        &top,
+        "file",
+        OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o444),
+    )
+    .map(drop)
+    .map_err(sys("create", &point.path))?;
+    let read_only = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | flags;
+    match naming {
+        Naming::Descriptor => point.remount(&top, read_only)?,
+        Naming::Path => mount(
+            None::<&str>,
+            point.path.as_str(),
+            None::<&str>,
+            read_only,
+            None::<&str>,
+        )
+        .map_err(sys("remount", &point.path))?,
+    }
+    let open = |name: &str| {
+        open_nofollow_non_directory(&top, OsStr::new(name)).map_err(sys("open", &point.path))
+    };
+    Ok(EmptyNodes {
+        dir: open("dir")?,
+        file: open("file")?,
+    })
+}
+
+/// Mounts a procfs of this worker's pid namespace on `point` and covers each entry of
+/// `hide` that this kernel has with an empty read-only directory or file (a symlink is
+/// refused: masking where it points is not what the list says).
+fn mount_proc(
+    binder: &Binder,
+    point: &MountPoint,
+    hide: &[String],
+    naming: Naming,
+) -> Result<(), MountError> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let empty = match hide.is_empty() {
+        true => None,
+        false => Some(make_empty_nodes(point, naming)?),
+    };
+    point.mount_new(naming, "proc", flags, None, "mount proc")?;
+    let Some(empty) = empty else {
+        return Ok(());
+    };
+    let procfs = Tree::new(point.mounted()?, Vec::new()).map_err(sys("open", &point.path))?;
+    // mount(2), where the mount API is missing, names descriptors as paths: relative to
+    // the working directory (the host's FD_DIR) while a root is built, else in the procfs
+    // just mounted, the first in a template's namespace that shows this worker's.
+    let fd_path = |fd: &OwnedFd| match naming {
+        Naming::Descriptor => fd_name(fd),
+        Naming::Path => Path::new(&point.path).join("self/fd").join(fd_name(fd)),
+    };
+    for path in hide {
+        let shown = format!("{}/{path}", point.path.trim_end_matches('/'));
+        let Some(entry) = procfs.parent_of(path, None)? else {
+            continue;
+        };
+        let Some(target) = entry.open_non_directory().map_err(sys("open", &shown))? else {
+            continue;
+        };
+        let source = match identify(&target).map_err(sys("stat", &shown))?.1 {
+            SFlag::S_IFDIR => &empty.dir,
+            SFlag::S_IFLNK => return Err(PathError::LinkAsMountPoint(shown).into()),
+            _ => &empty.file,
+        };
+        binder
+            .cover(source, &target, fd_path)
+            .map_err(sys("cover", &shown))?;
+    }
+    Ok(())
+}
+
 /// Makes the symlink `path` in the new root (its directory must not be reached through a
 /// symlink below a writable bind either).
 fn make_symlink(tree: &Tree, link_target: &OsStr, path: &str) -> Result<(), MountError> {
@@ -543,16 +698,9 @@ fn apply(
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             )
         }
-        MountOp::Proc { target } => {
+        MountOp::Proc { target, hide } => {
             let point = MountPoint::make(tree, target, Point::Dir(0o555))?;
-            let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-            point.mount(
-                Some(Path::new("proc")),
-                Some("proc"),
-                flags,
-                None,
-                "mount proc",
-            )
+            mount_proc(binder, &point, hide, Naming::Descriptor)
         }
         MountOp::Dev { target } => build_dev(binder, tree, devices, target),
         MountOp::Symlink { link_target, path } => make_symlink(tree, OsStr::new(link_target), path),
@@ -667,43 +815,33 @@ pub fn finish_template_root(plan: &[MountOp]) -> Result<(), MountError> {
     // whatever the template was built from.
     make_every_mount_private()?;
     let tree = Tree::new(root, Vec::new()).map_err(sys("stat", "/"))?;
+    let binder = Binder::new(BindMethod::Preferred);
     for op in plan {
         // Mounted by path, not by descriptor name: `/proc/self` means nothing until this
         // worker's procfs is there. The points were checked by the walk (a directory,
         // not a symlink), and nothing can change them in between: the tree is read-only
         // to everyone, the template's holder is gone.
-        let (point, source, fstype, flags, data) = match op {
+        match op {
             MountOp::Tmpfs {
                 target,
                 size_bytes,
                 mode,
-            } => (
-                MountPoint::make(&tree, target, Point::Dir(0o755))?,
-                "tmpfs",
+            } => MountPoint::make(&tree, target, Point::Dir(0o755))?.mount_new(
+                Naming::Path,
                 "tmpfs",
                 MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                Some(format!("size={size_bytes},mode={mode:o}")),
-            ),
-            MountOp::Proc { target } => (
-                MountPoint::make(&tree, target, Point::Dir(0o555))?,
-                "proc",
-                "proc",
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                None,
-            ),
+                Some(&format!("size={size_bytes},mode={mode:o}")),
+                "mount",
+            )?,
+            MountOp::Proc { target, hide } => {
+                let point = MountPoint::make(&tree, target, Point::Dir(0o555))?;
+                mount_proc(&binder, &point, hide, Naming::Path)?;
+            }
             MountOp::Bind { .. } => return Err(MountError::NotPerWorker("bind")),
             MountOp::Dev { .. } => return Err(MountError::NotPerWorker("dev")),
             MountOp::Symlink { .. } => return Err(MountError::NotPerWorker("symlink")),
             MountOp::Dir { .. } => return Err(MountError::NotPerWorker("dir")),
-        };
-        mount(
-            Some(source),
-            point.path.as_str(),
-            Some(fstype),
-            flags,
-            data.as_deref(),
-        )
-        .map_err(sys("mount", &point.path))?;
+        }
     }
     drop(tree);
     chdir("/").map_err(sys("chdir", "/"))

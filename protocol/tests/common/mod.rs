@@ -53,7 +53,7 @@ fn mount_op() -> impl Strategy<Value = MountOp> {
                 optional,
             }
         ),
-        text().prop_map(|target| MountOp::Proc { target }),
+        (text(), vec(text(), 0..3)).prop_map(|(target, hide)| MountOp::Proc { target, hide }),
         text().prop_map(|target| MountOp::Dev { target }),
         (text(), text()).prop_map(|(link_target, path)| MountOp::Symlink { link_target, path }),
         (text(), any::<u32>()).prop_map(|(path, mode)| MountOp::Dir { path, mode }),
@@ -238,6 +238,7 @@ pub fn sample_spec() -> SandboxSpec {
             },
             MountOp::Proc {
                 target: "/proc".into(),
+                hide: vec!["cmdline".into(), "sys/kernel/random/boot_id".into()],
             },
             MountOp::Dev {
                 target: "/dev".into(),

@@ -17,7 +17,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Child steps, by number, as reported on the report pipe.
-pub const CHILD_STEPS: [&str; 7] = [
+pub const CHILD_STEPS: [&str; 8] = [
     "join cgroup",
     "wait for uid map",
     "setresgid",
@@ -25,12 +25,15 @@ pub const CHILD_STEPS: [&str; 7] = [
     "stdio",
     "parent-death signal",
     "exec worker",
+    "cgroup namespace",
 ];
 
 /// clone3's CLONE_INTO_CGROUP (Linux 5.7); libc's constant is an overflowing i32.
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
-/// The namespaces every worker gets.
+/// The namespaces every worker gets. The kernel roots a cgroup namespace made at clone in
+/// the child's cgroup only with CLONE_INTO_CGROUP; a child that joins its cgroups
+/// afterwards makes itself another one there (see [`run_child`]).
 pub const WORKER_NAMESPACES: u64 = (libc::CLONE_NEWUSER
     | libc::CLONE_NEWNS
     | libc::CLONE_NEWPID
@@ -418,6 +421,19 @@ fn run_child(memory: &ChildMemory) -> ! {
         if written != 1 {
             child_fail(memory, 0, i64::from(libc::EIO));
         }
+    }
+    // 7 (numbered last, so the other steps keep their numbers). Having joined by writing
+    // (v1), a cgroup namespace rooted at the cgroups just joined, so that /proc/self/cgroup
+    // reads "/" in every hierarchy. The one made at clone is rooted where the supervisor
+    // is, and showed the worker's path below it: the supervisor's host pid and a count of
+    // the workers it had made.
+    if !memory.join_cgroups.is_empty() {
+        child_step(
+            memory,
+            7,
+            libc::SYS_unshare,
+            [i64::from(libc::CLONE_NEWCGROUP), 0, 0],
+        );
     }
     // 1. Wait until the parent has written our uid/gid maps; EOF means it gave up.
     let mut byte = 0u8;

@@ -9,14 +9,19 @@
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 
+use airlock_policy::compile::HIDDEN_IN_PROC;
 use airlock_protocol::MountOp;
 use airlock_worker::mounts::{BindMethod, build_root_filesystem_binding_by, finish_template_root};
 
 fn enter_own_namespaces() -> Result<(), String> {
+    enter_namespaces(libc::CLONE_NEWUSER | libc::CLONE_NEWNS)
+}
+
+fn enter_namespaces(flags: libc::c_int) -> Result<(), String> {
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     // SAFETY: unshare only changes this (single-threaded) process's namespaces.
-    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) } != 0 {
+    if unsafe { libc::unshare(flags) } != 0 {
         return Err(format!("unshare: {}", std::io::Error::last_os_error()));
     }
     let write =
@@ -75,6 +80,7 @@ fn main() {
             },
             MountOp::Proc {
                 target: "/proc".into(),
+                hide: Vec::new(),
             },
         ];
         let outcome = finish_template_root(&plan).map_err(|e| e.to_string());
@@ -93,9 +99,28 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = enter_own_namespaces() {
+    // A pid namespace too, for a procfs of its own: the root is built in a child, its PID 1.
+    if let Err(e) = enter_namespaces(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) {
         println!("{}", serde_json::json!({ "unavailable": e }));
         std::process::exit(3);
+    }
+    // SAFETY: this process has one thread; the child only builds a root and prints.
+    match unsafe { libc::fork() } {
+        0 => {}
+        -1 => {
+            eprintln!("fork: {}", std::io::Error::last_os_error());
+            std::process::exit(1);
+        }
+        child => {
+            let mut status = 0;
+            // SAFETY: waits for our own child; `status` is valid for the call.
+            unsafe { libc::waitpid(child, &mut status, 0) };
+            std::process::exit(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                1
+            });
+        }
     }
     let plan = vec![
         MountOp::Bind {
@@ -115,10 +140,20 @@ fn main() {
             size_bytes: 1 << 20,
             mode: 0o1777,
         },
+        MountOp::Proc {
+            target: "/proc".into(),
+            hide: HIDDEN_IN_PROC.iter().map(|p| p.to_string()).collect(),
+        },
         MountOp::Dev {
             target: "/dev".into(),
         },
     ];
+    // What the host's procfs has of the hidden entries, to compare with the sandbox's.
+    let on_host: Vec<&str> = HIDDEN_IN_PROC
+        .iter()
+        .copied()
+        .filter(|p| std::path::Path::new("/proc").join(p).exists())
+        .collect();
     if let Err(e) = build_root_filesystem_binding_by(&plan, method) {
         println!("{}", serde_json::json!({ "error": e.to_string() }));
         std::process::exit(1);
@@ -144,6 +179,26 @@ fn main() {
         "tmp_create": create_error("/tmp/probe"),
         "etc_exists": std::path::Path::new("/etc").exists(),
         "root_entries": root_entries,
+        "proc_hidden": on_host
+            .iter()
+            .map(|p| (p.to_string(), serde_json::Value::from(hidden_view(&format!("/proc/{p}")))))
+            .collect::<serde_json::Map<_, _>>(),
+        "proc_self_stat": std::fs::read("/proc/self/stat").map_or(0, |s| s.len()),
     });
     println!("{report}");
+}
+
+/// What a hidden procfs entry shows: `empty` (a file with no bytes, or a directory with no
+/// entry) and read-only, or what it shows instead.
+fn hidden_view(path: &str) -> String {
+    let shown = match std::fs::metadata(path) {
+        Err(e) => return format!("error {e}"),
+        Ok(m) if m.is_dir() => std::fs::read_dir(path).map(|d| d.count()),
+        Ok(_) => std::fs::read(path).map(|bytes| bytes.len()),
+    };
+    match (shown, flags_of(path)["rdonly"].as_bool()) {
+        (Ok(0), Some(true)) => "empty".into(),
+        (Ok(n), rdonly) => format!("{n} entries or bytes, read-only {rdonly:?}"),
+        (Err(e), _) => format!("error {e}"),
+    }
 }
