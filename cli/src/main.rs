@@ -35,6 +35,29 @@ pub(crate) fn supervisor_options() -> SupervisorOptions {
     }
 }
 
+/// `--socket-mode`: octal, at most 0660 (a world-reachable socket would leave only the peer
+/// check between every local user and the gate).
+fn socket_mode_of(text: &str) -> anyhow::Result<u32> {
+    let mode = u32::from_str_radix(text, 8)
+        .map_err(|_| anyhow::anyhow!("--socket-mode: {text:?} is not an octal mode like 0660"))?;
+    if mode & !0o660 != 0 {
+        anyhow::bail!("--socket-mode: {text} gives more than owner and group read-write (0660)");
+    }
+    Ok(mode)
+}
+
+/// `--socket-group`: a group name, or a gid.
+fn group_of(text: &str) -> anyhow::Result<u32> {
+    if let Ok(gid) = text.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(text) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => anyhow::bail!("--socket-group: no group named {text:?}"),
+        Err(e) => anyhow::bail!("--socket-group: cannot look up {text:?}: {e}"),
+    }
+}
+
 /// What `airlock serve` holds for its clients, at most, summed over all of them.
 #[derive(Debug, clap::Args)]
 struct ClientLimits {
@@ -174,9 +197,16 @@ enum Command {
         /// Policy file (reloaded on SIGHUP).
         #[arg(long)]
         policy: PathBuf,
-        /// Socket path (created with mode 0600).
+        /// Socket path (created with --socket-mode, default 0600).
         #[arg(long)]
         socket: PathBuf,
+        /// The socket's mode, octal: 0600 (only this uid reaches it) or 0660 (with
+        /// --socket-group, so an --allow-gid group can connect). Wider is refused.
+        #[arg(long, default_value = "0600")]
+        socket_mode: String,
+        /// The socket's group (a name or a gid).
+        #[arg(long)]
+        socket_group: Option<String>,
         /// Append audit records (JSON lines) to this file; `-` for stderr.
         #[arg(long)]
         audit: Option<PathBuf>,
@@ -714,6 +744,8 @@ fn main() -> ExitCode {
         Command::Serve {
             policy,
             socket,
+            socket_mode,
+            socket_group,
             audit,
             allow_uids,
             allow_gids,
@@ -736,6 +768,8 @@ fn main() -> ExitCode {
                     .transpose()
                     .map_err(|e| anyhow::anyhow!("--pool/--pool-max: {e}"))?;
                 let mut config = airlock::daemon::DaemonConfig::new(socket);
+                config.socket_mode = socket_mode_of(&socket_mode)?;
+                config.socket_group = socket_group.as_deref().map(group_of).transpose()?;
                 config.allow_uids = allow_uids;
                 config.allow_gids = allow_gids;
                 config.approver_uids = approver_uids;

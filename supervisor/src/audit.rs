@@ -126,10 +126,10 @@ impl Event {
         });
         self.duration_ms = Some(result.duration_ms);
         self.attempts = Some(result.attempts);
-        self.isolation = Some(IsolationSummary {
-            landlock: result.isolation.landlock,
-            seccomp: result.isolation.seccomp.is_some(),
-            cgroup: result.isolation.cgroup.clone(),
+        self.isolation = result.isolation.as_ref().map(|isolation| IsolationSummary {
+            landlock: isolation.landlock,
+            seccomp: isolation.seccomp.is_some(),
+            cgroup: isolation.cgroup.clone(),
         });
         self
     }

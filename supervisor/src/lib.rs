@@ -26,7 +26,9 @@
 //!         let supervisor = Arc::new(Supervisor::start(SupervisorOptions::default())?);
 //!         let gate = Gate::new(Arc::clone(&supervisor), policy);
 //!         for tool in gate.tools() {
-//!             println!("{}: {}", tool.name, tool.input_schema); // hand these to the model
+//!             if tool.state == airlock_policy::validate::ToolState::Active {
+//!                 println!("{}: {}", tool.name, tool.input_schema); // hand these to the model
+//!             }
 //!         }
 //!         let call = ToolCall { call_id: "c1".into(), tool: "word_count".into(), arguments: r#"{"text":"a b"}"#.into() };
 //!         let result = gate.call(&call, &CallOptions::default()).await;
@@ -46,9 +48,12 @@ pub mod cgroup;
 pub mod channel;
 pub mod daemon;
 pub mod gate;
+pub mod listing;
 pub mod pool;
+mod rate;
 pub mod result;
 pub mod sandbox;
+mod serial;
 pub mod spawn;
 mod sys;
 mod template;

@@ -1,6 +1,7 @@
 //! The one result record returned for every outcome of a call (DESIGN §6). Its JSON field
 //! names are a contract with users and tests.
 
+use airlock_policy::validate::ToolState;
 use serde::Serialize;
 
 /// What kind of failure a call ended in.
@@ -9,8 +10,10 @@ use serde::Serialize;
 pub enum ErrorKind {
     /// Arguments were not JSON, too large or deep, or failed the schema.
     InvalidInput,
-    /// No active tool of that name.
+    /// No tool of that name.
     UnknownTool,
+    /// The tool exists but is deferred or suspended (`state` says which).
+    ToolUnavailable,
     /// A rule refused the call.
     Denied,
     /// The call needs a human approval first.
@@ -85,6 +88,9 @@ pub struct ToolError {
     /// `overloaded`: how long to wait before trying again, milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// `tool_unavailable`: the tool's state (`deferred` or `suspended`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<ToolState>,
     /// A transient failure (e.g. EAGAIN at spawn) that a retry in a fresh worker may fix.
     #[serde(skip)]
     pub transient: bool,
@@ -102,6 +108,7 @@ impl ToolError {
             timeout_ms: None,
             rule: None,
             retry_after_ms: None,
+            state: None,
             transient: false,
         }
     }
@@ -206,8 +213,9 @@ pub struct ToolResult {
     pub attempts: u32,
     /// Resource usage.
     pub usage: Usage,
-    /// Isolation applied.
-    pub isolation: Isolation,
+    /// Isolation applied; none for a call that never got a worker (refused, cancelled or
+    /// out of time before one was made), rather than numbers pretending otherwise.
+    pub isolation: Option<Isolation>,
 }
 
 impl ToolResult {
@@ -228,7 +236,12 @@ impl ToolResult {
             duration_ms: 0,
             attempts: 0,
             usage: Usage::default(),
-            isolation: Isolation::default(),
+            isolation: None,
         }
+    }
+
+    /// The isolation record, made (with nothing applied yet) if the call had none.
+    pub fn isolation_mut(&mut self) -> &mut Isolation {
+        self.isolation.get_or_insert_with(Isolation::default)
     }
 }

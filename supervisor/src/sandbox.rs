@@ -401,40 +401,6 @@ impl Drop for WorkerLease {
     }
 }
 
-/// Removes empty worker cgroups left by supervisors that died (SIGKILL gives them no chance
-/// to clean up). Names are `airlock-<supervisor pid>-<n>`; only those whose supervisor is
-/// gone are touched, and rmdir fails harmlessly on a cgroup that still holds a process.
-fn remove_stale_worker_cgroups(parent: &CgroupParent) {
-    for dir in parent.dirs() {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().to_string();
-            let Some(pid) = name
-                .strip_prefix("airlock-")
-                .and_then(|rest| rest.split_once('-'))
-                .and_then(|(pid, n)| n.parse::<u64>().ok().and(pid.parse::<i32>().ok()))
-            else {
-                continue;
-            };
-            if pid == std::process::id() as i32
-                || std::path::Path::new(&format!("/proc/{pid}")).exists()
-            {
-                continue;
-            }
-            match std::fs::remove_dir(entry.path()) {
-                Ok(()) => {
-                    tracing::info!(cgroup = %entry.path().display(), "removed a stale worker cgroup")
-                }
-                Err(e) => {
-                    tracing::debug!(cgroup = %entry.path().display(), error = %e, "stale worker cgroup not removed")
-                }
-            }
-        }
-    }
-}
-
 /// A new descriptor of each of `fds`.
 fn copies(fds: [&OwnedFd; 3]) -> std::io::Result<[OwnedFd; 3]> {
     let [a, b, c] = fds;
@@ -481,7 +447,7 @@ impl Supervisor {
             None => CgroupParent::detect().map_err(|e| e.to_string()),
         };
         if let Ok(parent) = &cgroups {
-            remove_stale_worker_cgroups(parent);
+            parent.remove_stale_worker_cgroups();
         }
         Ok(Self {
             spawner,
@@ -563,7 +529,7 @@ impl Supervisor {
             ToolError::new(ErrorKind::SandboxUnavailable, ""),
         );
         result.attempts = 1;
-        result.isolation.limits = AppliedLimits {
+        let limits = AppliedLimits {
             memory_bytes: profile.limits.memory_bytes,
             pids: profile.limits.pids,
             timeout_ms: duration_ms(run.timeout),
@@ -615,11 +581,15 @@ impl Supervisor {
         );
         let (conversation, lease, channel) = match worker {
             Ok(worker) => {
-                result.isolation.cgroup = worker
-                    .lease
-                    .cgroup
-                    .as_ref()
-                    .map(|c| c.version().to_string());
+                result.isolation = Some(Isolation {
+                    limits,
+                    cgroup: worker
+                        .lease
+                        .cgroup
+                        .as_ref()
+                        .map(|c| c.version().to_string()),
+                    ..Isolation::default()
+                });
                 let (conversation, lease, channel) =
                     self.run_on_worker(worker, &run, deadline, cancel).await;
                 (conversation, lease, Some(channel))
@@ -630,7 +600,11 @@ impl Supervisor {
                 return result;
             }
             Err(PrepareError::Failed(conversation, lease)) => {
-                result.isolation.cgroup = lease.cgroup.as_ref().map(|c| c.version().to_string());
+                result.isolation = Some(Isolation {
+                    limits,
+                    cgroup: lease.cgroup.as_ref().map(|c| c.version().to_string()),
+                    ..Isolation::default()
+                });
                 (conversation, *lease, None)
             }
         };
@@ -1291,7 +1265,7 @@ impl Supervisor {
         // Process-wide, so several supervisors in one process never pick the same name.
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = format!("airlock-{}-{n}", std::process::id());
+        let name = crate::cgroup::worker_cgroup_name(n);
         let limits = CgroupLimits {
             memory_bytes: profile.limits.memory_bytes,
             pids: profile.limits.pids,
@@ -1546,7 +1520,7 @@ fn finish_result(
     };
     match conversation {
         Conversation::Finished { applied, report } => {
-            apply_isolation(&mut result.isolation, &applied, profile);
+            apply_isolation(result.isolation_mut(), &applied, profile);
             match report {
                 WorkerMessage::Exited(exit) => finish_exit(result, exit, oom, pids_hit, profile),
                 WorkerMessage::RunFailed { message, .. } => {
@@ -1577,7 +1551,7 @@ fn finish_result(
         }
         Conversation::TimedOut { applied } => {
             if let Some(applied) = applied {
-                apply_isolation(&mut result.isolation, &applied, profile);
+                apply_isolation(result.isolation_mut(), &applied, profile);
             }
             if pids_hit {
                 // A fork bomb spins until the deadline; the cause worth reporting is the cap.
@@ -1607,7 +1581,7 @@ fn finish_result(
         }
         Conversation::Cancelled { applied } => {
             if let Some(applied) = applied {
-                apply_isolation(&mut result.isolation, &applied, profile);
+                apply_isolation(result.isolation_mut(), &applied, profile);
             }
             result.error = Some(ToolError::new(
                 ErrorKind::Cancelled,

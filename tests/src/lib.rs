@@ -3,6 +3,8 @@
 //! lacks a feature.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod daemon;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -255,7 +257,8 @@ pub fn supervisor_with_hostile_worker(mode: &str) -> airlock::Supervisor {
     .unwrap()
 }
 
-/// Worker cgroup directories of this test process (`airlock-<pid>-<n>`) under `parents`.
+/// Worker cgroup directories of this test process (`airlock-<pid>-<start>-<n>`) under
+/// `parents`.
 pub fn our_cgroup_dirs<P: AsRef<Path>>(parents: &[P]) -> Vec<String> {
     let prefix = format!("airlock-{}-", std::process::id());
     parents

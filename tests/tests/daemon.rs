@@ -5,111 +5,12 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
 
-use airlock_tests::{
-    HANG_GUARD, Scratch, airlock_bin, host_processes_with, sandbox_available, wait_until,
-};
+use airlock_tests::{HANG_GUARD, airlock_bin, host_processes_with, sandbox_available, wait_until};
 
-const POLICY: &str = r#"version = 1
-[profiles.default]
-read = ["/usr"]
-read_optional = ["/bin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives"]
-tmpfs = { "/tmp" = "16MiB" }
-# airlock_tests::HANG_GUARD: calls end by their own event (a cancel, a hang-up), however
-# slow the machine.
-limits = { timeout = "300s" }
-
-[tools.echo]
-description = "echo a text"
-command = ["/bin/echo", "{text}"]
-side_effect = "read"
-input = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
-
-[tools.sleep]
-description = "sleep a while"
-command = ["/bin/sleep", "{seconds}"]
-side_effect = "read"
-input = { type = "object", properties = { seconds = { type = "string", pattern = "^[0-9.]+$" } }, required = ["seconds"] }
-
-[tools.guarded]
-description = "needs a human"
-command = ["/bin/echo", "{text}"]
-side_effect = "write"
-approval = "human"
-input = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
-"#;
-
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    policy: PathBuf,
-    /// What it has logged so far (its stderr, passed on to ours as well).
-    log: Arc<Mutex<String>>,
-    _scratch: Scratch,
-}
-
-impl Daemon {
-    fn start(extra: &[&str]) -> Self {
-        let scratch = Scratch::new("daemon");
-        let policy = scratch.write("policy.toml", POLICY);
-        let socket = scratch.0.join("airlock.sock");
-        let mut child = Command::new(airlock_bin())
-            .args(["serve", "--policy"])
-            .arg(&policy)
-            .arg("--socket")
-            .arg(&socket)
-            .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let stderr = BufReader::new(child.stderr.take().unwrap());
-        let kept = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in stderr.lines().map_while(Result::ok) {
-                eprintln!("{line}");
-                let mut log = kept.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        wait_until("the daemon creates its socket", || {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("the daemon exited ({status}) without creating its socket");
-            }
-            socket.exists()
-        });
-        Self {
-            child,
-            socket,
-            policy,
-            log,
-            _scratch: scratch,
-        }
-    }
-
-    fn signal(&self, signal: i32) {
-        // SAFETY: kill on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
-    }
-
-    /// Waits until the daemon has logged a line containing `text`.
-    fn wait_for_log(&self, text: &str) {
-        wait_until(&format!("the daemon logs {text:?}"), || {
-            self.log.lock().unwrap().contains(text)
-        });
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use airlock_tests::daemon::{DAEMON_POLICY as POLICY, Daemon};
 
 /// The gateway client, compiled in and run as `python3 -` from stdin: a client running as
 /// another uid cannot be assumed to read the checkout (a clone below a 0700 directory).

@@ -6,10 +6,11 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
+use airlock_tests::daemon::{DAEMON_POLICY, Daemon};
 use airlock_tests::{Scratch, airlock_bin, host_processes_with, sandbox_available, wait_until};
 use serde_json::{Value, json};
 
@@ -17,90 +18,35 @@ use serde_json::{Value, json};
 /// daemon's default budgets (16 MiB of input, 16 MiB of output, 128 connections).
 const CEILING_ABOVE_IDLE_KIB: u64 = 64 * 1024;
 
-const POLICY: &str = r#"version = 1
-[profiles.default]
-read = ["/usr"]
-read_optional = ["/bin", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/alternatives"]
-tmpfs = { "/tmp" = "16MiB" }
-limits = { timeout = "300s", output = "1MiB" }
-
-[tools.echo]
-description = "echo a text"
-command = ["/bin/echo", "{text}"]
-side_effect = "read"
-input = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
-
-[tools.sleep]
-description = "sleep a while"
-command = ["/bin/sleep", "{seconds}"]
-side_effect = "read"
-input = { type = "object", properties = { seconds = { type = "string", pattern = "^[0-9.]+$" } }, required = ["seconds"] }
-
-[tools.guarded]
-description = "needs a human"
-command = ["/bin/echo", "{text}"]
-side_effect = "write"
-approval = "human"
-input = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
-
+/// The daemon tests' policy and a tool whose answer is two megabytes (its output and the
+/// record's copy of it as JSON).
+fn policy() -> String {
+    format!(
+        r#"{DAEMON_POLICY}
 [tools.big]
 description = "a megabyte of text"
 command = ["/bin/sh", "-c", "yes 0123456789abcdef | head -c 1000000"]
 side_effect = "read"
-input = { type = "object" }
-"#;
-
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    _scratch: Scratch,
+concurrency_safe = true
+input = {{ type = "object" }}
+"#
+    )
+    .replace(
+        r#"limits = { timeout = "300s" }"#,
+        r#"limits = { timeout = "300s", output = "1MiB" }"#,
+    )
 }
 
-impl Daemon {
-    fn start(extra: &[&str]) -> Self {
-        let scratch = Scratch::new("hostile");
-        let policy = scratch.write("policy.toml", POLICY);
-        let socket = scratch.0.join("airlock.sock");
-        let child = Command::new(airlock_bin())
-            .args(["serve", "--pool", "1", "--policy"])
-            .arg(&policy)
-            .arg("--socket")
-            .arg(&socket)
-            .args(extra)
-            .spawn()
-            .unwrap();
-        wait_until("the daemon creates its socket", || socket.exists());
-        Self {
-            child,
-            socket,
-            _scratch: scratch,
-        }
-    }
-
-    fn connect(&self) -> Client {
-        Client::connect(&self.socket)
-    }
-
-    /// A status line of the daemon's `/proc/<pid>/status`, in KiB.
-    fn status_kib(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
-    }
-
-    fn stats(&self) -> Value {
-        self.connect().ask(json!({"id": "s", "op": "stats"}))["result"].clone()
-    }
+fn start(extra: &[&str]) -> Daemon {
+    Daemon::start_with(&policy(), extra)
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn connect(daemon: &Daemon) -> Client {
+    Client::connect(&daemon.socket)
+}
+
+fn stats(daemon: &Daemon) -> Value {
+    connect(daemon).ask(json!({"id": "s", "op": "stats"}))["result"].clone()
 }
 
 /// A JSON-lines client.
@@ -161,9 +107,9 @@ fn hostile_clients_cannot_grow_the_daemon_past_its_ceiling_and_a_polite_client_i
     if !sandbox_available() {
         return;
     }
-    let daemon = Daemon::start(&["--max-concurrent", "4", "--write-timeout", "2s"]);
+    let daemon = start(&["--max-concurrent", "4", "--write-timeout", "2s"]);
     assert_eq!(
-        daemon.connect().ask(json!({"id": 0, "op": "health"}))["result"]["ok"],
+        connect(&daemon).ask(json!({"id": 0, "op": "health"}))["result"]["ok"],
         true
     );
     let idle = daemon.status_kib("VmRSS:");
@@ -172,7 +118,7 @@ fn hostile_clients_cannot_grow_the_daemon_past_its_ceiling_and_a_polite_client_i
     // read; together about what the call queue takes.
     let mut non_readers: Vec<Client> = (0..3)
         .map(|_| {
-            let mut client = daemon.connect();
+            let mut client = connect(&daemon);
             for i in 0..20 {
                 client.send(&call(i, "big", json!({})));
             }
@@ -194,7 +140,7 @@ fn hostile_clients_cannot_grow_the_daemon_past_its_ceiling_and_a_polite_client_i
         .collect();
     // A slow reader: twenty answers, taken four kilobytes at a time.
     let slow = {
-        let mut client = daemon.connect();
+        let mut client = connect(&daemon);
         for i in 0..20 {
             client.send(&call(i, "big", json!({})));
         }
@@ -213,7 +159,7 @@ fn hostile_clients_cannot_grow_the_daemon_past_its_ceiling_and_a_polite_client_i
     };
     // Beside all that, a polite client's calls are answered (connected before the flood
     // below takes every other place).
-    let mut polite = daemon.connect();
+    let mut polite = connect(&daemon);
     assert_eq!(
         polite.ask(json!({"id": "h", "op": "health"}))["result"]["ok"],
         true
@@ -232,11 +178,11 @@ fn hostile_clients_cannot_grow_the_daemon_past_its_ceiling_and_a_polite_client_i
     drop(flood);
     // The non-readers are closed for not reading, and the stats say so.
     wait_until("the daemon closes the clients that do not read", || {
-        daemon.stats()["closed_unread"].as_u64().unwrap() >= 3
+        stats(&daemon)["closed_unread"].as_u64().unwrap() >= 3
     });
-    let stats = daemon.stats();
-    assert!(stats["input_refused"].as_u64().unwrap() >= 1, "{stats}");
-    assert!(stats["overloaded"].as_u64().unwrap() >= 1, "{stats}");
+    let counted = stats(&daemon);
+    assert!(counted["input_refused"].as_u64().unwrap() >= 1, "{counted}");
+    assert!(counted["overloaded"].as_u64().unwrap() >= 1, "{counted}");
     for client in &mut non_readers {
         // Whatever was written before the close, then the end.
         while client.next().is_some() {}
@@ -258,11 +204,11 @@ fn hostile_clients_cannot_grow_the_daemon_past_its_ceiling_and_a_polite_client_i
     drop(polite);
     // Only the connection asking remains, holding its read buffer.
     wait_until("the daemon gives back its budgets", || {
-        let stats = daemon.stats();
-        stats["connections_open"] == 1
-            && stats["input_bytes"].as_u64().unwrap() < 64 << 10
-            && stats["output_bytes"] == 0
-            && stats["in_flight"] == 0
+        let now = stats(&daemon);
+        now["connections_open"] == 1
+            && now["input_bytes"].as_u64().unwrap() < 64 << 10
+            && now["output_bytes"] == 0
+            && now["in_flight"] == 0
     });
 }
 
@@ -271,9 +217,9 @@ fn a_duplicate_in_flight_id_is_refused_and_a_disconnect_cancels_every_call() {
     if !sandbox_available() {
         return;
     }
-    let daemon = Daemon::start(&[]);
+    let daemon = start(&[]);
     let marker = format!("7{}.5", std::process::id());
-    let mut client = daemon.connect();
+    let mut client = connect(&daemon);
     client.send(&call("a", "sleep", json!({"seconds": marker})));
     let refused = client.ask(call("a", "sleep", json!({"seconds": marker})));
     assert_eq!(refused["id"], "a");
@@ -294,7 +240,7 @@ fn a_duplicate_in_flight_id_is_refused_and_a_disconnect_cancels_every_call() {
         host_processes_with(&format!("sleep {marker}")).is_empty()
     });
     // The id is free again once its call ended.
-    let mut again = daemon.connect();
+    let mut again = connect(&daemon);
     let answer = again.ask(call("a", "echo", json!({"text": "again"})));
     assert_eq!(answer["result"]["ok"], true, "{answer}");
 }
@@ -304,8 +250,8 @@ fn unknown_or_repeated_fields_are_refused_by_name_and_nothing_runs() {
     if !sandbox_available() {
         return;
     }
-    let daemon = Daemon::start(&[]);
-    let mut client = daemon.connect();
+    let daemon = start(&[]);
+    let mut client = connect(&daemon);
     for (request, named) in [
         (
             r#"{"id":1,"op":"call","tool":"echo","arguments":{"text":"x"},"dry_runn":true}"#,
@@ -334,7 +280,7 @@ fn unknown_or_repeated_fields_are_refused_by_name_and_nothing_runs() {
             "{request}: {answer}"
         );
     }
-    assert_eq!(daemon.stats()["calls"], 0, "nothing refused may run");
+    assert_eq!(stats(&daemon)["calls"], 0, "nothing refused may run");
 }
 
 #[test]
@@ -342,8 +288,8 @@ fn dry_run_decides_and_describes_without_running_and_timeout_ms_shortens_the_dea
     if !sandbox_available() {
         return;
     }
-    let daemon = Daemon::start(&[]);
-    let mut client = daemon.connect();
+    let daemon = start(&[]);
+    let mut client = connect(&daemon);
     let marker = format!("8{}.5", std::process::id());
     let mut dry = call(1, "sleep", json!({"seconds": marker}));
     dry["dry_run"] = json!(true);
@@ -352,7 +298,7 @@ fn dry_run_decides_and_describes_without_running_and_timeout_ms_shortens_the_dea
     assert_eq!(described["decision"], "allow", "{answer}");
     assert_eq!(described["argv"], json!(["/bin/sleep", marker]), "{answer}");
     assert!(host_processes_with(&format!("sleep {marker}")).is_empty());
-    assert_eq!(daemon.stats()["calls"], 0);
+    assert_eq!(stats(&daemon)["calls"], 0);
 
     // A deadline of the caller's, far shorter than the tool's 300 s.
     let mut short = call(2, "sleep", json!({"seconds": "600"}));
@@ -378,7 +324,7 @@ fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
     }
     let audit = Scratch::new("hostile-audit");
     let log = audit.0.join("audit.jsonl");
-    let daemon = Daemon::start(&[
+    let daemon = start(&[
         "--max-concurrent",
         "1",
         "--max-queued",
@@ -387,14 +333,14 @@ fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
         log.to_str().unwrap(),
     ]);
     let marker = format!("9{}.5", std::process::id());
-    let mut busy = daemon.connect();
+    let mut busy = connect(&daemon);
     busy.send(&call(1, "sleep", json!({"seconds": marker})));
     wait_until("the first call runs", || {
         !host_processes_with(&format!("sleep {marker}")).is_empty()
     });
     let mut second = call(2, "echo", json!({"text": "x"}));
     second["call_id"] = json!("c-2");
-    let answer = daemon.connect().ask(second);
+    let answer = connect(&daemon).ask(second);
     let result = &answer["result"];
     assert_eq!(result["error"]["kind"], "overloaded", "{answer}");
     assert_eq!(result["call_id"], "c-2", "{answer}");
@@ -404,8 +350,13 @@ fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
         "{answer}"
     );
 
-    // Every refusal is audited, not only the calls that ran.
-    let mut other = daemon.connect();
+    // Every refusal is audited, not only the calls that ran (with the slot free again, so
+    // these reach the gate).
+    drop(busy);
+    wait_until("the busy call is cancelled", || {
+        stats(&daemon)["in_flight"] == 0
+    });
+    let mut other = connect(&daemon);
     let mut invalid = call(3, "echo", json!({"text": 5}));
     invalid["call_id"] = json!("c-3");
     assert_eq!(
@@ -463,10 +414,10 @@ fn every_answer_the_daemon_sends_matches_its_published_schema() {
     if !sandbox_available() {
         return;
     }
-    let daemon = Daemon::start(&[]);
+    let daemon = start(&[]);
     let requests = schema_of("request");
     let answers = schema_of("answer");
-    let mut client = daemon.connect();
+    let mut client = connect(&daemon);
     let mut checked = std::collections::BTreeSet::new();
     let mut check = |client: &mut Client, request: Value| -> Value {
         let op = request["op"].as_str().unwrap().to_string();
@@ -496,6 +447,10 @@ fn every_answer_the_daemon_sends_matches_its_published_schema() {
     assert_eq!(invalid["result"]["error"]["kind"], "invalid_input");
     let unknown = check(&mut client, call(5, "nope", json!({})));
     assert_eq!(unknown["result"]["error"]["kind"], "unknown_tool");
+    // A call that never got a worker shows no isolation; one that ran does.
+    assert_eq!(unknown["result"]["isolation"], Value::Null, "{unknown}");
+    assert_eq!(invalid["result"]["isolation"], Value::Null, "{invalid}");
+    assert!(ok["result"]["isolation"]["namespaces"].is_array(), "{ok}");
     let mut dry = call(6, "echo", json!({"text": "hi"}));
     dry["dry_run"] = json!(true);
     check(&mut client, dry);
@@ -522,6 +477,23 @@ fn every_answer_the_daemon_sends_matches_its_published_schema() {
         &mut client,
         json!({"id": 12, "op": "set_state", "tool": "echo", "state": "deferred"}),
     );
+    let deferred = check(&mut client, call("12b", "echo", json!({"text": "hi"})));
+    assert_eq!(
+        deferred["result"]["error"]["kind"], "tool_unavailable",
+        "{deferred}"
+    );
+    assert_eq!(
+        deferred["result"]["error"]["state"], "deferred",
+        "{deferred}"
+    );
+    let listed = check(&mut client, json!({"id": "12c", "op": "tools"}));
+    let echo = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "echo")
+        .unwrap();
+    assert_eq!(echo["state"], "deferred", "{listed}");
     check(
         &mut client,
         json!({"id": 13, "op": "set_state", "tool": "echo", "state": "active"}),
@@ -563,8 +535,8 @@ fn with_an_approver_role_only_approvers_execute_reject_or_set_state() {
     let mut propose = call("p", "guarded", json!({"text": "hi"}));
     propose["op"] = json!("propose");
     // Approvers are some other uid: this client may propose, nothing more.
-    let daemon = Daemon::start(&["--approver-uid", "4242"]);
-    let mut client = daemon.connect();
+    let daemon = start(&["--approver-uid", "4242"]);
+    let mut client = connect(&daemon);
     let proposed = client.ask(propose.clone());
     let approval_id = proposed["result"]["approval"]["approval_id"].clone();
     assert!(approval_id.is_string(), "{proposed}");
@@ -577,16 +549,49 @@ fn with_an_approver_role_only_approvers_execute_reject_or_set_state() {
         assert_eq!(answer["error"]["kind"], "forbidden", "{request}: {answer}");
     }
     // The approval is still pending, untouched by the refused attempts.
-    assert_eq!(daemon.stats()["pending_approvals"], 1);
+    assert_eq!(stats(&daemon)["pending_approvals"], 1);
     drop(daemon);
 
     // This uid as the approver: the same approval flow runs.
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() }.to_string();
-    let daemon = Daemon::start(&["--approver-uid", &me]);
-    let mut client = daemon.connect();
+    let daemon = start(&["--approver-uid", &me]);
+    let mut client = connect(&daemon);
     let proposed = client.ask(propose);
     let approval_id = proposed["result"]["approval"]["approval_id"].clone();
     let executed = client.ask(json!({"id": 4, "op": "execute", "approval_id": approval_id}));
     assert_eq!(executed["result"]["ok"], true, "{executed}");
+}
+
+#[test]
+fn the_socket_takes_a_group_and_mode_for_allowed_groups_but_never_a_world_mode() {
+    if !sandbox_available() {
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let daemon = start(&["--socket-mode", "0660", "--socket-group", "4243"]);
+    let meta = std::fs::metadata(&daemon.socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    assert_eq!(meta.gid(), 4243);
+    drop(daemon);
+
+    let scratch = Scratch::new("hostile-mode");
+    let policy = scratch.write("policy.toml", &policy());
+    for (mode, complaint) in [("0666", "0660"), ("rw", "octal")] {
+        let out = Command::new(airlock_bin())
+            .args(["serve", "--policy"])
+            .arg(&policy)
+            .arg("--socket")
+            .arg(scratch.0.join("s.sock"))
+            .args(["--socket-mode", mode])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(125), "{mode}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--socket-mode") && stderr.contains(complaint),
+            "{stderr}"
+        );
+        assert!(!scratch.0.join("s.sock").exists());
+    }
 }

@@ -77,12 +77,13 @@ async fn both_backends_plug_in_behind_the_sandbox_trait_and_say_which_they_are()
         let result = backend.call(&call, &CallOptions::default()).await;
         assert!(result.ok, "{}: {result:?}", backend.backend());
         assert_eq!(result.stdout, "hi\n");
-        assert_eq!(result.isolation.backend, backend.backend());
+        let isolation = result.isolation.as_ref().unwrap();
+        assert_eq!(isolation.backend, backend.backend());
         if backend.backend() == "unsafe_local" {
-            assert!(result.isolation.namespaces.is_empty());
-            assert!(result.isolation.seccomp.is_none());
+            assert!(isolation.namespaces.is_empty());
+            assert!(isolation.seccomp.is_none());
         } else {
-            assert!(!result.isolation.namespaces.is_empty());
+            assert!(!isolation.namespaces.is_empty());
         }
     }
 }

@@ -245,6 +245,8 @@ async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
 
     let shared = listen
         .isolation
+        .as_ref()
+        .unwrap()
         .namespaces
         .iter()
         .any(|n| n == "net:shared");
@@ -252,6 +254,8 @@ async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
         shared,
         connect
             .isolation
+            .as_ref()
+            .unwrap()
             .namespaces
             .iter()
             .any(|n| n == "net:shared")

@@ -124,6 +124,31 @@ async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
     assert_eq!(pooled.pool_stats().idle, 0);
 }
 
+/// What a sandbox shows of its cgroups and of its procfs's host-identifying entries.
+const HOST_VIEW: &str = "cut -d: -f3 /proc/self/cgroup | sort -u; wc -c < /proc/cmdline; \
+     wc -c < /proc/sys/kernel/random/boot_id; ls -A /proc/pressure 2>/dev/null | wc -l";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_workers_see_their_own_cgroup_root_and_a_masked_proc_like_cold_ones() {
+    if !sandbox_available() {
+        return;
+    }
+    let profile = default_profile();
+    let cold = airlock_tests::supervisor();
+    let cold_result = cold.run(run(&profile, HOST_VIEW), None).await;
+    assert_eq!(cold_result.stdout, "/\n0\n0\n0\n", "{cold_result:?}");
+    cold.close().await;
+    // Pooled workers are cloned from the profile's template as root (whose own procfs is
+    // not masked: each worker masks the procfs it mounts over it).
+    let pooled = Arc::new(airlock_tests::supervisor());
+    pooled.keep_warm(Arc::clone(&profile), 1);
+    wait_for(&pooled, "the pool is filled", |s| s.idle >= 1).await;
+    let warm = pooled.run(run(&profile, HOST_VIEW), None).await;
+    assert_eq!(pooled.pool_stats().hits, 1);
+    assert_eq!(warm.stdout, cold_result.stdout, "{warm:?}");
+    pooled.close().await;
+}
+
 /// The kernel's (major, minor) version.
 fn kernel_version() -> (u32, u32) {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
@@ -171,7 +196,7 @@ limits = { memory = "96MiB", pids = 64, timeout = "20s" }
     assert!(hog.ok, "{hog:?}");
     assert!(peak(&hog) >= 24_000_000, "{hog:?}");
     settled().await;
-    let v1 = hog.isolation.cgroup.as_deref() == Some("v1");
+    let v1 = hog.isolation.as_ref().unwrap().cgroup.as_deref() == Some("v1");
     // memory.peak is reset per open file from Linux 6.12 on; before that a v2 cgroup is
     // never handed to a second worker, and after the first failed reset none is kept.
     let reusable = v1 || kernel_version() >= (6, 12);

@@ -70,6 +70,16 @@ impl Answers {
     }
 }
 
+/// One client connection, as its requests see it.
+pub(super) struct Conn {
+    pub(super) shared: Arc<Shared>,
+    /// Where its answers go.
+    pub(super) answers: Answers,
+    /// Its requests in flight.
+    pub(super) in_flight: InFlight,
+    pub(super) peer: Peer,
+}
+
 /// What the client at the other end may do.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Peer {
@@ -197,13 +207,19 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         })
     };
     let held = shared.input.holder();
+    let conn = Conn {
+        shared: Arc::clone(&shared),
+        answers,
+        in_flight: Arc::clone(&in_flight),
+        peer,
+    };
     tokio::select! {
-        () = read_requests(&shared, &mut reader, held, &answers, &in_flight, peer) => {}
+        () = read_requests(&conn, &mut reader, held) => {}
         () = gone.cancelled() => {}
     }
     // The client is gone or stopped reading: cancel everything it still had running.
     cancel_all(&in_flight).await;
-    drop(answers);
+    drop(conn);
     let _ = write_task.await;
 }
 
@@ -213,41 +229,16 @@ async fn cancel_all(in_flight: &InFlight) {
     }
 }
 
-async fn read_requests(
-    shared: &Arc<Shared>,
-    reader: &mut tokio::net::unix::OwnedReadHalf,
-    held: Held,
-    answers: &Answers,
-    in_flight: &InFlight,
-    peer: Peer,
-) {
+async fn read_requests(conn: &Conn, reader: &mut tokio::net::unix::OwnedReadHalf, held: Held) {
     let mut first = [0u8; 1];
     let framed = match reader.read(&mut first).await {
         Ok(1) => !(first[0] == b'{' || first[0].is_ascii_whitespace()),
         _ => return,
     };
     if framed {
-        serve_frames(
-            shared,
-            reader,
-            first.to_vec(),
-            held,
-            answers,
-            in_flight,
-            peer,
-        )
-        .await;
+        serve_frames(conn, reader, first.to_vec(), held).await;
     } else {
-        serve_lines(
-            shared,
-            reader,
-            first.to_vec(),
-            held,
-            answers,
-            in_flight,
-            peer,
-        )
-        .await;
+        serve_lines(conn, reader, first.to_vec(), held).await;
     }
 }
 
@@ -266,14 +257,12 @@ async fn input_spent(shared: &Shared, answers: &Answers) {
 }
 
 async fn serve_lines(
-    shared: &Arc<Shared>,
+    conn: &Conn,
     reader: &mut tokio::net::unix::OwnedReadHalf,
     mut buffer: Vec<u8>,
     mut held: Held,
-    answers: &Answers,
-    in_flight: &InFlight,
-    peer: Peer,
 ) {
+    let (shared, answers) = (&conn.shared, &conn.answers);
     let mut chunk = vec![0u8; CHUNK_BYTES];
     let mut oversized = false;
     // Bytes of `buffer` already known to hold no newline.
@@ -285,7 +274,7 @@ async fn serve_lines(
             if std::mem::take(&mut oversized) {
                 continue;
             }
-            handle_json_line(shared, &line, answers, in_flight, peer).await;
+            handle_json_line(conn, &line).await;
         }
         scanned = buffer.len();
         if buffer.len() > MAX_REQUEST_BYTES {
@@ -327,14 +316,12 @@ async fn serve_lines(
 }
 
 async fn serve_frames(
-    shared: &Arc<Shared>,
+    conn: &Conn,
     reader: &mut tokio::net::unix::OwnedReadHalf,
     mut pending: Vec<u8>,
     mut held: Held,
-    answers: &Answers,
-    in_flight: &InFlight,
-    peer: Peer,
 ) {
+    let (shared, answers) = (&conn.shared, &conn.answers);
     let mut decoder = airlock_protocol::FrameDecoder::with_max_frame_bytes(MAX_REQUEST_BYTES);
     let mut chunk = vec![0u8; CHUNK_BYTES];
     loop {
@@ -363,7 +350,7 @@ async fn serve_frames(
                 };
                 airlock_protocol::frame::encode_frame(&response).unwrap_or_default()
             });
-            dispatch(shared, id, op, answers, reply, in_flight, peer).await;
+            dispatch(conn, id, op, reply).await;
         }
         if broken {
             return;
@@ -379,13 +366,7 @@ async fn serve_frames(
     }
 }
 
-async fn handle_json_line(
-    shared: &Arc<Shared>,
-    line: &[u8],
-    answers: &Answers,
-    in_flight: &InFlight,
-    peer: Peer,
-) {
+async fn handle_json_line(conn: &Conn, line: &[u8]) {
     let (id, op) = match std::str::from_utf8(line) {
         Ok(text) if text.trim().is_empty() => return,
         Ok(text) => super::wire::parse_line(text),
@@ -404,5 +385,5 @@ async fn handle_json_line(
         }
         format!("{body}\n").into_bytes()
     });
-    dispatch(shared, id, op, answers, reply, in_flight, peer).await;
+    dispatch(conn, id, op, reply).await;
 }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::budget::Held;
-use super::connection::{Answers, InFlight, Peer, Reply};
+use super::connection::{Conn, InFlight, Reply};
 use super::wire::{CallRequest, ExecuteRequest, Op, RequestError, error_body};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
@@ -22,15 +22,8 @@ fn invalid_request(message: impl std::fmt::Display) -> Value {
 }
 
 /// Runs one request; calls run in their own task so responses may come out of order.
-pub(super) async fn dispatch(
-    shared: &Arc<Shared>,
-    id: Value,
-    op: Result<Op, RequestError>,
-    answers: &Answers,
-    reply: Reply,
-    in_flight: &InFlight,
-    peer: Peer,
-) {
+pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError>, reply: Reply) {
+    let (shared, answers, in_flight) = (&conn.shared, &conn.answers, &conn.in_flight);
     shared.stats.requests.fetch_add(1, Ordering::Relaxed);
     let op = match op {
         Ok(op) => op,
@@ -40,7 +33,7 @@ pub(super) async fn dispatch(
         }
     };
     let key = id.to_string();
-    if matches!(op, Op::Execute(_) | Op::Reject(_) | Op::SetState(_)) && !peer.may_approve {
+    if matches!(op, Op::Execute(_) | Op::Reject(_) | Op::SetState(_)) && !conn.peer.may_approve {
         let body = error_body(
             "forbidden",
             "only the daemon's approvers (--approver-uid, --approver-gid) may execute, reject or set_state",
@@ -75,11 +68,9 @@ pub(super) async fn dispatch(
                 session: opts.session.clone(),
             };
             spawn_call(
-                shared,
+                conn,
                 started,
-                answers,
                 reply,
-                in_flight,
                 move |gate, opts_with_cancel| {
                     Box::pin(async move { gate.call(&call, &opts_with_cancel).await })
                 },
@@ -106,11 +97,9 @@ pub(super) async fn dispatch(
                 ..Default::default()
             };
             spawn_call(
-                shared,
+                conn,
                 started,
-                answers,
                 reply,
-                in_flight,
                 move |gate, opts_with_cancel| {
                     Box::pin(async move { gate.execute(&approval_id, &opts_with_cancel).await })
                 },
@@ -278,17 +267,11 @@ fn retry_after_ms(waiting: usize, max_concurrent: usize) -> u64 {
 /// call in its own task, cancellable by `cancel`, by the client leaving, or by shutdown.
 /// The call's slot is given back when its answer starts out to the client, not when it
 /// finishes.
-async fn spawn_call<F>(
-    shared: &Arc<Shared>,
-    admission: Admission,
-    answers: &Answers,
-    reply: Reply,
-    in_flight: &InFlight,
-    run: F,
-    opts: CallOptions,
-) where
+async fn spawn_call<F>(conn: &Conn, admission: Admission, reply: Reply, run: F, opts: CallOptions)
+where
     F: for<'a> FnOnce(&'a Gate, CallOptions) -> CallFuture<'a> + Send + 'static,
 {
+    let (shared, answers, in_flight) = (&conn.shared, &conn.answers, &conn.in_flight);
     let refused_opts = CallOptions {
         session: admission.session.clone(),
         ..CallOptions::default()

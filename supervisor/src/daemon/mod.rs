@@ -54,9 +54,11 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
-    /// Setting the socket's mode failed.
-    #[error("cannot put a mode-0600 socket at {path}")]
+    /// Setting the socket's mode or group failed.
+    #[error("cannot put a socket of mode {mode:04o} at {path}")]
     Mode {
+        /// The mode asked for.
+        mode: u32,
         /// Socket path.
         path: String,
         /// Cause.
@@ -68,8 +70,13 @@ pub enum DaemonError {
 /// Daemon settings.
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
-    /// Socket path (created with mode 0600; an existing socket file is replaced).
+    /// Socket path (an existing socket file is replaced).
     pub socket: PathBuf,
+    /// The socket's mode (default 0600: only the daemon's uid can connect at all; the peer
+    /// check comes after). Never wider than 0660: others are refused by the kernel first.
+    pub socket_mode: u32,
+    /// The socket's group, so an `--allow-gid` group can reach it with mode 0660.
+    pub socket_group: Option<u32>,
     /// Peer uids allowed besides our own.
     pub allow_uids: Vec<u32>,
     /// Peer gids allowed.
@@ -102,6 +109,8 @@ impl DaemonConfig {
     pub fn new(socket: PathBuf) -> Self {
         Self {
             socket,
+            socket_mode: 0o600,
+            socket_group: None,
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             approver_uids: Vec::new(),
@@ -180,11 +189,16 @@ pub async fn serve(
     })?;
     {
         use std::os::unix::fs::PermissionsExt;
-        let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
+        let mode = config.socket_mode & 0o660;
+        let placed = std::os::unix::fs::chown(&staging, None, config.socket_group)
+            .and_then(|()| {
+                std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(mode))
+            })
             .and_then(|()| std::fs::rename(&staging, &path));
         if let Err(source) = placed {
             let _ = std::fs::remove_file(&staging);
             return Err(DaemonError::Mode {
+                mode,
                 path: display.clone(),
                 source,
             });
