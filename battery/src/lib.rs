@@ -1,4 +1,4 @@
-//! The escape battery (DESIGN §8, issue 6): attacks a sandbox for agent tools must stop, each
+//! The escape battery: attacks a sandbox for agent tools must stop, each
 //! with the outcome it must end in and the layer that stops it.
 //!
 //! One table, two runners: the integration tests (`tests/tests/escape.rs`) run it through

@@ -1,6 +1,6 @@
 //! Compiles a profile's syscall policy into one seccomp BPF program.
 //!
-//! Outcomes, a documented choice (see README "Seccomp"):
+//! Outcomes, a documented choice (see docs/policy.md, "Seccomp"):
 //! - a syscall from a non-native architecture (`int 0x80`) or with the x32 bit set: the
 //!   process is killed (`SIGSYS`, reported as `seccomp_violation`);
 //! - a known-dangerous syscall (the [`DENIED_EPERM_GROUPS`] table, namespace flags on `clone`,

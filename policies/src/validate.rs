@@ -26,7 +26,7 @@ mod tool;
 use gate::check_gate;
 use tool::{ToolOptions, check_tool};
 
-/// Defaults of every limit, documented in the README's policy guide.
+/// Defaults of every limit, documented in docs/policy.md.
 pub mod defaults {
     use std::time::Duration;
 
@@ -604,7 +604,7 @@ fn check_profile(
         } else if is_never_allowed(n) {
             c.error(
                 name.span(),
-                format!("syscall {n:?} can never be allowed: it defeats the sandbox (see README, Seccomp)"),
+                format!("syscall {n:?} can never be allowed: it defeats the sandbox (see docs/policy.md, Seccomp)"),
             );
         } else {
             allow.insert(n.clone());
