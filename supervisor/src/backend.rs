@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use crate::call::ToolCall;
 use crate::gate::{CallOptions, Gate, ToolListing};
 use crate::result::{ErrorKind, LandlockLevel, ToolError, ToolResult};
-use crate::serial::{Lanes, NoTurn};
+use crate::serial::Lanes;
 
 /// A boxed future returned by [`Sandbox::call`].
 pub type CallFuture<'a> = Pin<Box<dyn Future<Output = ToolResult> + Send + 'a>>;
@@ -160,28 +160,18 @@ impl UnsafeLocal {
         };
         // As in the gate: a tool that is not concurrency_safe runs one call at a time per
         // session, for at most its deadline.
-        let _turn = if tool.tool.concurrency_safe {
-            None
-        } else {
-            let turn = self.lanes.turn(
+        let _turn = match self
+            .lanes
+            .turn_for(
+                &tool.tool,
                 opts.session.as_deref(),
-                &tool.tool.name,
                 opts.cancel.as_ref(),
                 tool.tool.timeout,
-            );
-            match turn.await {
-                Ok(turn) => Some(turn),
-                Err(NoTurn::Cancelled) => {
-                    return reject(ErrorKind::Cancelled, "cancelled by the caller".into());
-                }
-                Err(NoTurn::TimedOut) => {
-                    return reject(
-                        ErrorKind::Timeout,
-                        "the deadline passed waiting for an earlier call of this tool in this session"
-                            .into(),
-                    );
-                }
-            }
+            )
+            .await
+        {
+            Ok(turn) => turn,
+            Err(error) => return ToolResult::rejected(&call.call_id, &call.tool, error),
         };
         let limit = usize::try_from(profile.limits.output_bytes).unwrap_or(usize::MAX);
         let mut command = tokio::process::Command::new(&argv[0]);

@@ -27,7 +27,7 @@ pub use crate::listing::ToolListing;
 use crate::rate::RateState;
 use crate::result::{ErrorKind, InputViolation, ToolError, ToolResult};
 use crate::sandbox::{SandboxRun, Supervisor};
-use crate::serial::{Lanes, NoTurn};
+use crate::serial::Lanes;
 
 /// The time source of approvals and rate limits (injectable for tests).
 pub trait Clock: Send + Sync + std::fmt::Debug {
@@ -552,19 +552,18 @@ impl Gate {
             .map_or(tool.tool.timeout, |t| t.min(tool.tool.timeout));
         // Held for every attempt: a tool that is not concurrency_safe runs one call at a
         // time per session, and a wait for an earlier call counts against the deadline.
-        let turn = if tool.tool.concurrency_safe {
-            None
-        } else {
-            let turn = self.lanes.turn(
+        let turn = match self
+            .lanes
+            .turn_for(
+                &tool.tool,
                 opts.session.as_deref(),
-                &tool.tool.name,
                 opts.cancel.as_ref(),
                 timeout,
-            );
-            match turn.await {
-                Ok(turn) => Some(turn),
-                Err(no_turn) => return self.refuse(call, opts, queued_too_long(no_turn, timeout)),
-            }
+            )
+            .await
+        {
+            Ok(turn) => turn,
+            Err(error) => return self.refuse(call, opts, error),
         };
         let timeout = timeout.saturating_sub(turn.as_ref().map_or(Duration::ZERO, |t| t.waited));
         let mut called = Event::new(
@@ -865,18 +864,6 @@ impl Gate {
 }
 
 /// Why a call that waited for an earlier one of its tool and session never ran.
-fn queued_too_long(no_turn: NoTurn, timeout: Duration) -> ToolError {
-    let waiting =
-        "waiting for an earlier call of this tool in this session (it is not concurrency_safe)";
-    match no_turn {
-        NoTurn::Cancelled => ToolError::new(ErrorKind::Cancelled, format!("cancelled {waiting}")),
-        NoTurn::TimedOut => ToolError {
-            timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
-            ..ToolError::new(ErrorKind::Timeout, format!("the deadline passed {waiting}"))
-        },
-    }
-}
-
 /// The parts of a sandbox spec worth showing (not the BPF program itself).
 fn sandbox_summary(profile: &airlock_policy::CompiledProfile) -> Value {
     serde_json::json!({

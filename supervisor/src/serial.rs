@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::cancel::CancelSignal;
+use crate::result::{ErrorKind, ToolError};
 
 type Key = (Option<String>, String);
 
@@ -107,6 +108,33 @@ impl Lanes {
         }
         turn.waited = started.elapsed();
         Ok(turn)
+    }
+
+    /// The turn a call of `tool` must hold to run (none for a `concurrency_safe` tool), or
+    /// the error that ends the call: cancelled, or out of its `deadline` while waiting.
+    pub(crate) async fn turn_for(
+        &self,
+        tool: &airlock_policy::validate::Tool,
+        session: Option<&str>,
+        cancel: Option<&CancelSignal>,
+        deadline: Duration,
+    ) -> Result<Option<Turn<'_>>, ToolError> {
+        if tool.concurrency_safe {
+            return Ok(None);
+        }
+        let waiting =
+            "waiting for an earlier call of this tool in this session (it is not concurrency_safe)";
+        match self.turn(session, &tool.name, cancel, deadline).await {
+            Ok(turn) => Ok(Some(turn)),
+            Err(NoTurn::Cancelled) => Err(ToolError::new(
+                ErrorKind::Cancelled,
+                format!("cancelled {waiting}"),
+            )),
+            Err(NoTurn::TimedOut) => Err(ToolError {
+                timeout_ms: Some(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX)),
+                ..ToolError::new(ErrorKind::Timeout, format!("the deadline passed {waiting}"))
+            }),
+        }
     }
 
     /// Lanes held or waited for (for tests of the bound).
