@@ -173,7 +173,7 @@ fn unavailable(tool: &str, state: ToolState) -> ToolError {
     }
 }
 
-/// Whether a failed attempt may be retried in a fresh worker (DESIGN §1): only tool failures
+/// Whether a failed attempt may be retried in a fresh worker: only tool failures
 /// and transient spawn failures.
 pub fn retry_eligible(error: &ToolError) -> bool {
     error.kind == ErrorKind::ToolFailed || error.transient

@@ -1,4 +1,4 @@
-//! The one result record returned for every outcome of a call (DESIGN §6). Its JSON field
+//! The one result record returned for every outcome of a call. Its JSON field
 //! names are a contract with users and tests.
 
 use airlock_policy::validate::ToolState;
@@ -45,7 +45,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    /// Whether a retry in a fresh worker may succeed (DESIGN §1: never for invalid input,
+    /// Whether a retry in a fresh worker may succeed (never for invalid input,
     /// denial, timeout, cancellation, a missing sandbox, OOM or seccomp kills).
     pub fn is_retryable(self) -> bool {
         matches!(self, ErrorKind::ToolFailed)

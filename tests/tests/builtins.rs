@@ -44,6 +44,15 @@ approval = "auto"
 
 /// Writable binds must be writable by the sandbox root's host uid (65534 when the test
 /// runs as root; our own uid otherwise, which already owns the directory).
+/// A scratch directory with a `ws` workspace the sandbox's root may write.
+fn writable_workspace(tag: &str) -> (Scratch, std::path::PathBuf) {
+    let scratch = Scratch::new(tag);
+    let workspace = scratch.0.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    make_writable_for_sandbox(&workspace);
+    (scratch, workspace)
+}
+
 fn make_writable_for_sandbox(dir: &Path) {
     if nix_is_root() {
         std::os::unix::fs::chown(dir, Some(65534), Some(65534)).unwrap();
@@ -71,10 +80,7 @@ fn builtins_read_write_list_and_edit_inside_the_granted_workspace() {
     if !sandbox_available() {
         return;
     }
-    let scratch = Scratch::new("builtins");
-    let workspace = scratch.0.join("ws");
-    std::fs::create_dir(&workspace).unwrap();
-    make_writable_for_sandbox(&workspace);
+    let (scratch, workspace) = writable_workspace("builtins");
     let policy_file = scratch.write("p.toml", &policy(&workspace));
     let file = workspace.join("notes.txt");
     let path = file.display().to_string();
@@ -125,10 +131,7 @@ fn builtins_cannot_reach_beyond_the_profile() {
     if !sandbox_available() {
         return;
     }
-    let scratch = Scratch::new("builtins-deny");
-    let workspace = scratch.0.join("ws");
-    std::fs::create_dir(&workspace).unwrap();
-    make_writable_for_sandbox(&workspace);
+    let (scratch, workspace) = writable_workspace("builtins-deny");
     let policy_file = scratch.write("p.toml", &policy(&workspace));
 
     let shadow = call(
@@ -165,10 +168,7 @@ fn bash_runs_inside_the_sandbox_not_on_the_host() {
     if !sandbox_available() {
         return;
     }
-    let scratch = Scratch::new("builtins-bash");
-    let workspace = scratch.0.join("ws");
-    std::fs::create_dir(&workspace).unwrap();
-    make_writable_for_sandbox(&workspace);
+    let (scratch, workspace) = writable_workspace("builtins-bash");
     let policy_file = scratch.write("p.toml", &policy(&workspace));
     let result = call(
         &policy_file,
@@ -190,10 +190,7 @@ fn a_fifo_planted_by_an_earlier_call_is_refused_at_once_instead_of_hanging_the_c
     if !sandbox_available() {
         return;
     }
-    let scratch = Scratch::new("builtins-fifo");
-    let workspace = scratch.0.join("ws");
-    std::fs::create_dir(&workspace).unwrap();
-    make_writable_for_sandbox(&workspace);
+    let (scratch, workspace) = writable_workspace("builtins-fifo");
     let policy_file = short_policy(&scratch, &workspace);
     let planted = call(
         &policy_file,
@@ -230,10 +227,7 @@ fn device_nodes_are_not_files_to_read_or_write() {
     if !sandbox_available() {
         return;
     }
-    let scratch = Scratch::new("builtins-dev");
-    let workspace = scratch.0.join("ws");
-    std::fs::create_dir(&workspace).unwrap();
-    make_writable_for_sandbox(&workspace);
+    let (scratch, workspace) = writable_workspace("builtins-dev");
     let policy_file = short_policy(&scratch, &workspace);
     for (tool, input) in [
         ("read_file", serde_json::json!({"path": "/dev/zero"})),
@@ -261,10 +255,7 @@ fn list_dir_gives_a_name_that_is_not_utf8_as_its_exact_bytes() {
         return;
     }
     use std::os::unix::ffi::OsStrExt;
-    let scratch = Scratch::new("builtins-names");
-    let workspace = scratch.0.join("ws");
-    std::fs::create_dir(&workspace).unwrap();
-    make_writable_for_sandbox(&workspace);
+    let (scratch, workspace) = writable_workspace("builtins-names");
     let policy_file = short_policy(&scratch, &workspace);
     std::fs::write(workspace.join(std::ffi::OsStr::from_bytes(b"caf\xe9")), "").unwrap();
     std::fs::write(workspace.join("caf\u{e9}"), "").unwrap();

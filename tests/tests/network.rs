@@ -153,7 +153,7 @@ limits = {{ timeout = {timeout} }}
     )
 }
 
-/// The network namespace strategy (DESIGN §2, pool): with Landlock ABI 6 a root supervisor
+/// The network namespace strategy (see docs/ARCHITECTURE.md): with Landlock ABI 6 a root supervisor
 /// gives every `network = "none"` worker one shared, empty network namespace instead of
 /// creating one per worker. Two workers of one supervisor, running at the same time, must
 /// still be unable to reach each other: here through an abstract unix socket (the only
