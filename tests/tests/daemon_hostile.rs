@@ -359,14 +359,16 @@ fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
     let mut other = connect(&daemon);
     let mut invalid = call(3, "echo", json!({"text": 5}));
     invalid["call_id"] = json!("c-3");
+    // The cancelled call's slot comes back once its undeliverable answer is dropped, a
+    // moment after in_flight reads 0: ask as a gateway would, again after retry_after_ms.
     assert_eq!(
-        other.ask(invalid)["result"]["error"]["kind"],
+        other.ask_retrying(invalid)["result"]["error"]["kind"],
         "invalid_input"
     );
     let mut unknown = call(4, "nope", json!({}));
     unknown["call_id"] = json!("c-4");
     assert_eq!(
-        other.ask(unknown)["result"]["error"]["kind"],
+        other.ask_retrying(unknown)["result"]["error"]["kind"],
         "unknown_tool"
     );
     let refusals = || -> Vec<(String, String)> {
