@@ -173,12 +173,6 @@ fn unavailable(tool: &str, state: ToolState) -> ToolError {
     }
 }
 
-/// Whether a failed attempt may be retried in a fresh worker: only tool failures
-/// and transient spawn failures.
-pub fn retry_eligible(error: &ToolError) -> bool {
-    error.kind == ErrorKind::ToolFailed || error.transient
-}
-
 /// A validated call, ready to decide or run.
 struct Prepared {
     tool: CompiledTool,
@@ -609,7 +603,7 @@ impl Gate {
             result.attempts = attempts;
             crate::call::check_output(tool, &mut result);
             match &result.error {
-                Some(error) if retry_eligible(error) && attempts < max_attempts => {
+                Some(error) if error.is_retryable() && attempts < max_attempts => {
                     self.emit(
                         Event::new(
                             EventKind::Failed,

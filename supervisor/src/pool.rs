@@ -70,7 +70,7 @@ pub enum PoolSizeError {
 
 impl PoolSize {
     /// The most idle workers a profile's pool may keep (each holds a few namespaces, a
-    /// cgroup and ~150 KiB of memory of its own).
+    /// cgroup and some memory of its own).
     pub const LIMIT: usize = 1024;
     /// How long a grown pool waits without a miss before it halves.
     pub const DEFAULT_SHRINK_AFTER: Duration = Duration::from_secs(10);
@@ -270,7 +270,7 @@ struct Slot<W> {
     /// Oldest first: a call takes the worker that has idled longest, which has surely
     /// finished its set-up and its rehearsal (see the worker's `rehearse_while_idle`);
     /// the newest may still be at it, or not have begun. Taking the newest (a stack)
-    /// gave the bench's warm calls a worker made 0-2 ms before, never rehearsed.
+    /// gave the bench's warm calls workers made moments before, never rehearsed.
     idle: VecDeque<W>,
     notify: Arc<Notify>,
 }

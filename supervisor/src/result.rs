@@ -44,14 +44,6 @@ pub enum ErrorKind {
     RateLimited,
 }
 
-impl ErrorKind {
-    /// Whether a retry in a fresh worker may succeed (never for invalid input,
-    /// denial, timeout, cancellation, a missing sandbox, OOM or seccomp kills).
-    pub fn is_retryable(self) -> bool {
-        matches!(self, ErrorKind::ToolFailed)
-    }
-}
-
 /// One schema violation (pointer and keyword, never the value).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InputViolation {
@@ -97,6 +89,14 @@ pub struct ToolError {
 }
 
 impl ToolError {
+    /// Whether the attempt may be retried in a fresh worker: a tool failure, or a transient
+    /// failure to start one. Never invalid input, a denial, a timeout, a cancellation, a
+    /// missing sandbox layer or a limit (memory, processes, seccomp): another worker would
+    /// meet the same end.
+    pub fn is_retryable(&self) -> bool {
+        self.kind == ErrorKind::ToolFailed || self.transient
+    }
+
     /// An error with only a kind and message.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Self {
@@ -243,5 +243,149 @@ impl ToolResult {
     /// The isolation record, made (with nothing applied yet) if the call had none.
     pub fn isolation_mut(&mut self) -> &mut Isolation {
         self.isolation.get_or_insert_with(Isolation::default)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_tool_failures_and_transient_starts_are_retried() {
+        let table = [
+            (ErrorKind::ToolFailed, true),
+            (ErrorKind::InvalidInput, false),
+            (ErrorKind::UnknownTool, false),
+            (ErrorKind::ToolUnavailable, false),
+            (ErrorKind::Denied, false),
+            (ErrorKind::ApprovalRequired, false),
+            (ErrorKind::ApprovalInvalid, false),
+            (ErrorKind::Timeout, false),
+            (ErrorKind::Cancelled, false),
+            (ErrorKind::SandboxUnavailable, false),
+            (ErrorKind::OutOfMemory, false),
+            (ErrorKind::SeccompViolation, false),
+            (ErrorKind::PidsLimit, false),
+            (ErrorKind::OutputInvalid, false),
+            (ErrorKind::ProtocolViolation, false),
+            (ErrorKind::Overloaded, false),
+            (ErrorKind::RateLimited, false),
+        ];
+        for (kind, retried) in table {
+            assert_eq!(ToolError::new(kind, "").is_retryable(), retried, "{kind:?}");
+        }
+        let transient = ToolError {
+            transient: true,
+            ..ToolError::new(ErrorKind::SandboxUnavailable, "EAGAIN at spawn")
+        };
+        assert!(transient.is_retryable());
+    }
+
+    /// Every key of `value`'s objects, as `path.key`, sorted.
+    fn keys(value: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        if let serde_json::Value::Object(map) = value {
+            for (key, child) in map {
+                let at = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                keys(child, &at, out);
+                out.push(at);
+            }
+        }
+    }
+
+    #[test]
+    fn the_result_records_json_field_names_are_a_fixed_contract() {
+        let mut result = ToolResult::rejected(
+            "c1",
+            "t",
+            ToolError {
+                violations: Some(vec![InputViolation {
+                    path: "/a".into(),
+                    keyword: "type".into(),
+                    message: "m".into(),
+                }]),
+                syscall: Some("ptrace".into()),
+                step: Some("spawn".into()),
+                timeout_ms: Some(1),
+                rule: Some("r".into()),
+                retry_after_ms: Some(2),
+                state: Some(ToolState::Deferred),
+                transient: true,
+                ..ToolError::new(ErrorKind::ToolFailed, "m")
+            },
+        );
+        result.isolation = Some(Isolation::default());
+        let json = serde_json::to_value(&result).expect("serialises");
+        let mut found = Vec::new();
+        keys(&json, "", &mut found);
+        found.sort();
+        let expected = [
+            "attempts",
+            "call_id",
+            "duration_ms",
+            "error",
+            "error.kind",
+            "error.message",
+            "error.retry_after_ms",
+            "error.rule",
+            "error.state",
+            "error.step",
+            "error.syscall",
+            "error.timeout_ms",
+            "error.violations",
+            "exit_code",
+            "isolation",
+            "isolation.backend",
+            "isolation.cgroup",
+            "isolation.landlock",
+            "isolation.landlock_abi",
+            "isolation.limits",
+            "isolation.limits.memory_bytes",
+            "isolation.limits.output_bytes",
+            "isolation.limits.pids",
+            "isolation.limits.timeout_ms",
+            "isolation.namespaces",
+            "isolation.seccomp",
+            "ok",
+            "output",
+            "signal",
+            "stderr",
+            "stderr_truncated",
+            "stdout",
+            "stdout_truncated",
+            "tool",
+            "usage",
+            "usage.cpu_ms",
+            "usage.peak_memory_bytes",
+        ];
+        assert_eq!(
+            found, expected,
+            "a renamed, added or removed field is a contract change"
+        );
+        let kinds = [
+            (ErrorKind::InvalidInput, "invalid_input"),
+            (ErrorKind::UnknownTool, "unknown_tool"),
+            (ErrorKind::ToolUnavailable, "tool_unavailable"),
+            (ErrorKind::Denied, "denied"),
+            (ErrorKind::ApprovalRequired, "approval_required"),
+            (ErrorKind::ApprovalInvalid, "approval_invalid"),
+            (ErrorKind::Timeout, "timeout"),
+            (ErrorKind::OutOfMemory, "out_of_memory"),
+            (ErrorKind::PidsLimit, "pids_limit"),
+            (ErrorKind::SeccompViolation, "seccomp_violation"),
+            (ErrorKind::ToolFailed, "tool_failed"),
+            (ErrorKind::OutputInvalid, "output_invalid"),
+            (ErrorKind::ProtocolViolation, "protocol_violation"),
+            (ErrorKind::SandboxUnavailable, "sandbox_unavailable"),
+            (ErrorKind::Cancelled, "cancelled"),
+            (ErrorKind::Overloaded, "overloaded"),
+            (ErrorKind::RateLimited, "rate_limited"),
+        ];
+        for (kind, name) in kinds {
+            assert_eq!(serde_json::to_value(kind).expect("serialises"), name);
+        }
     }
 }

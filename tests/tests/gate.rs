@@ -479,42 +479,6 @@ async fn failed_tools_are_retried_in_fresh_workers_up_to_the_limit() {
     assert_eq!(failed, 3);
 }
 
-#[test]
-fn retry_eligibility_is_exactly_tool_failures_and_transient_spawns() {
-    use airlock::ToolError;
-    use airlock::gate::retry_eligible;
-    let table = [
-        (ErrorKind::ToolFailed, true),
-        (ErrorKind::InvalidInput, false),
-        (ErrorKind::UnknownTool, false),
-        (ErrorKind::Denied, false),
-        (ErrorKind::ApprovalRequired, false),
-        (ErrorKind::ApprovalInvalid, false),
-        (ErrorKind::Timeout, false),
-        (ErrorKind::Cancelled, false),
-        (ErrorKind::SandboxUnavailable, false),
-        (ErrorKind::OutOfMemory, false),
-        (ErrorKind::SeccompViolation, false),
-        (ErrorKind::PidsLimit, false),
-        (ErrorKind::OutputInvalid, false),
-        (ErrorKind::ProtocolViolation, false),
-        (ErrorKind::Overloaded, false),
-        (ErrorKind::RateLimited, false),
-    ];
-    for (kind, eligible) in table {
-        assert_eq!(
-            retry_eligible(&ToolError::new(kind, "")),
-            eligible,
-            "{kind:?}"
-        );
-    }
-    let transient = ToolError {
-        transient: true,
-        ..ToolError::new(ErrorKind::SandboxUnavailable, "EAGAIN at spawn")
-    };
-    assert!(retry_eligible(&transient));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limits_refuse_calls_beyond_the_bucket() {
     if !sandbox_available() {

@@ -1,0 +1,225 @@
+//! One call on one worker: take a pooled worker or make one, send the call, wait for the
+//! report, the deadline or a cancellation, end the worker, and build the result.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use airlock_protocol::{RunRequest, StdioMode, SupervisorMessage, WorkerMessage};
+
+use super::deadline::{Bounds, sleep_until_precise, wait_cancel};
+use super::lease::{WorkerLease, reap_worker, release_later, wait_for_exit};
+use super::outcome::{Conversation, Outcome, RunFacts, result_of};
+use super::warm::ReplenishOnDrop;
+use super::worker::{PrepareError, ReadyWorker, WorkerOrder};
+use super::{ActiveCall, SandboxRun, Supervisor, duration_ms};
+use crate::cancel::CancelSignal;
+use crate::channel::{ChannelError, WorkerChannel};
+use crate::result::{AppliedLimits, ErrorKind, ToolError, ToolResult};
+
+impl Supervisor {
+    /// Runs `run` in a fresh sandbox and returns its result. `cancel` ends it early. A
+    /// pre-confined idle worker of the same profile is used when the pool has one.
+    pub async fn run(&self, run: SandboxRun, cancel: Option<&CancelSignal>) -> ToolResult {
+        let _active = ActiveCall::enter(&self.active);
+        if self.closing.is_cancelled() {
+            return ToolResult::rejected(
+                &run.call_id,
+                &run.tool,
+                ToolError::new(ErrorKind::Cancelled, "the supervisor is closing"),
+            );
+        }
+        let started = Instant::now();
+        let profile = Arc::clone(&run.profile);
+        let bounds = Bounds {
+            deadline: tokio::time::Instant::from_std(started + run.timeout),
+            cancel,
+        };
+
+        // Pooled workers have /dev/null stdio, so only captured runs can use them.
+        let key = self.pool_keys.of(&profile);
+        let pooled = if run.inherit_stdio.is_none() {
+            self.pool.take(&key)
+        } else {
+            None
+        };
+        // Replenish once this call has answered (however it ends).
+        let _replenish = pooled.is_some().then(|| ReplenishOnDrop {
+            pool: &self.pool,
+            key: &key,
+        });
+        let worker = match pooled {
+            Some(worker) => Ok(worker),
+            None => {
+                if run.inherit_stdio.is_none() {
+                    self.pool.note_miss();
+                    self.grow_pool(&key);
+                }
+                // A cold call sends its Run right behind the Setup: the worker finds it
+                // waiting when it is ready, one wake-up round trip sooner. Not under a CPU
+                // quota, which is written between Ready and Run (see `enforce_cpu_quota`).
+                let run_now = profile
+                    .limits
+                    .cpu_quota_percent
+                    .is_none()
+                    .then(|| run_request(&run));
+                let order = WorkerOrder {
+                    profile: &profile,
+                    inherit_stdio: run.inherit_stdio.as_ref(),
+                    run_now,
+                    template: None,
+                };
+                self.prepare_worker(order, bounds).await
+            }
+        };
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "worker ready"
+        );
+        let (conversation, lease, channel) = match worker {
+            Ok(worker) => {
+                let (conversation, lease, channel) = self.run_on_worker(worker, &run, bounds).await;
+                (conversation, lease, Some(channel))
+            }
+            Err(PrepareError::Rejected(error)) => {
+                let facts = facts_of(&run, duration_ms(started.elapsed()));
+                return result_of(&facts, Outcome::Refused(*error));
+            }
+            Err(PrepareError::Failed(conversation, lease)) => (conversation, *lease, None),
+        };
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "conversation over"
+        );
+        let cgroup = lease.cgroup.as_ref().map(|c| c.version().to_string());
+
+        // Single-use worker: whatever happened, it and everything it started die now.
+        let stats = if matches!(conversation, Conversation::Finished { .. }) {
+            // The tool has exited and reported, and the worker killed whatever the tool
+            // left: the counters are final. Answer now; kill, reap and remove the cgroup
+            // off the critical path (still counted as active, so `close` waits for it).
+            let stats = lease.cgroup.as_ref().and_then(|c| c.read_stats().ok());
+            let cleanup = ActiveCall::enter(&self.active);
+            tokio::spawn(async move {
+                // The orderly end of the conversation, off the critical path; the worker
+                // is killed right after in any case.
+                if let Some(mut channel) = channel {
+                    let _ = channel.send(&SupervisorMessage::Shutdown).await;
+                }
+                // A finished worker is PID 1 of its pid namespace and every process in its
+                // cgroup is in that namespace: killing it ends them all, and the cgroup,
+                // never written a `cgroup.kill`, stays fit for reuse (see `kill_worker_only`).
+                lease.kill_worker_only();
+                if let Some(pidfd) = &lease.pidfd {
+                    wait_for_exit(pidfd).await;
+                }
+                release_later(lease, cleanup);
+            });
+            stats
+        } else {
+            // Timeouts, cancellations and failures answer only once everything is reaped:
+            // the worker is PID 1 of its namespace, so once it is reaped every process of
+            // the tool is gone. Removing the then-empty cgroup happens after the answer.
+            let stats = reap_worker(&lease).await;
+            release_later(lease, ActiveCall::enter(&self.active));
+            stats
+        };
+        tracing::debug!(
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "result ready"
+        );
+        let facts = facts_of(&run, duration_ms(started.elapsed()));
+        let outcome = Outcome::Worker {
+            conversation,
+            cgroup,
+            stats,
+        };
+        result_of(&facts, outcome)
+    }
+
+    /// Sends the one call to a ready worker and waits for its report, the deadline or a
+    /// cancellation.
+    async fn run_on_worker(
+        &self,
+        worker: ReadyWorker,
+        run: &SandboxRun,
+        bounds: Bounds<'_>,
+    ) -> (Conversation, WorkerLease, WorkerChannel) {
+        let ReadyWorker {
+            lease,
+            mut channel,
+            applied,
+            run_sent,
+        } = worker;
+        let request = (!run_sent).then(|| run_request(run));
+        let conversation = {
+            let talk = run_over(&mut channel, request);
+            tokio::pin!(talk);
+            tokio::select! {
+                outcome = &mut talk => match outcome {
+                    Ok(report) => Conversation::Finished { applied: applied.clone(), report },
+                    Err(broken) => broken,
+                },
+                () = sleep_until_precise(bounds.deadline) => Conversation::TimedOut { applied: Some(applied.clone()) },
+                () = wait_cancel(bounds.cancel) => Conversation::Cancelled { applied: Some(applied.clone()) },
+                () = self.closing.cancelled() => Conversation::Cancelled { applied: Some(applied.clone()) },
+            }
+        };
+        (conversation, lease, channel)
+    }
+}
+
+/// What the worker is told to run for `run`.
+fn run_request(run: &SandboxRun) -> RunRequest {
+    RunRequest {
+        call_id: run.call_id.clone(),
+        tool: run.tool.clone(),
+        argv: run.argv.clone(),
+        stdin: run.stdin.clone(),
+        arguments_json: run.arguments_json.clone(),
+        output_limit_bytes: run.profile.limits.output_bytes,
+        stdio: if run.inherit_stdio.is_some() {
+            StdioMode::Inherit
+        } else {
+            StdioMode::Capture
+        },
+        builtin: run.builtin.clone(),
+    }
+}
+
+/// The second half: run (unless the Run went out with the Setup), report.
+async fn run_over(
+    channel: &mut WorkerChannel,
+    request: Option<RunRequest>,
+) -> Result<WorkerMessage, Conversation> {
+    if let Some(request) = request {
+        channel
+            .send(&SupervisorMessage::Run(request))
+            .await
+            .map_err(Conversation::Broken)?;
+    }
+    match channel.receive().await {
+        Ok(report @ (WorkerMessage::Exited(_) | WorkerMessage::RunFailed { .. })) => Ok(report),
+        Ok(other) => Err(Conversation::Broken(ChannelError::Violation(format!(
+            "expected Exited, got {}",
+            other.name()
+        )))),
+        Err(e) => Err(Conversation::Broken(e)),
+    }
+}
+
+/// What the result record says about `run` whatever its outcome.
+fn facts_of(run: &SandboxRun, duration_ms_taken: u64) -> RunFacts<'_> {
+    let limits = &run.profile.limits;
+    RunFacts {
+        call_id: &run.call_id,
+        tool: &run.tool,
+        limits: AppliedLimits {
+            memory_bytes: limits.memory_bytes,
+            pids: limits.pids,
+            timeout_ms: duration_ms(run.timeout),
+            output_bytes: limits.output_bytes,
+        },
+        seccomp_digest: &run.profile.spec.seccomp.digest,
+        duration_ms: duration_ms_taken,
+    }
+}

@@ -1,0 +1,282 @@
+//! One sandboxed run, start to finish: cgroup, spawn, handshake, confine, run, deadline,
+//! kill, reap, account, clean up — and the single [`ToolResult`] that says what happened.
+//!
+//! The supervisor trusts its own clock (deadline), the cgroup counters (OOM, pids, peak
+//! memory) and the wait status of the worker; the worker only reports what the tool
+//! printed and how it exited.
+//!
+//! The parts, by what each does: `call` runs one call on a worker; `worker` makes a worker
+//! ready (cgroup, spawn, handshake, confinement); `lease` owns a worker until it is
+//! reaped and its cgroup gone; `warm` keeps pools of confined workers; `deadline` bounds
+//! every wait by the deadline, a cancellation and close; `outcome` turns how a run ended
+//! into its result record, as one pure function.
+
+mod call;
+mod deadline;
+mod lease;
+mod outcome;
+mod warm;
+mod worker;
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use airlock_policy::CompiledProfile;
+
+use crate::cancel::CancelSignal;
+use crate::cgroup::{CgroupParent, CgroupRecycler};
+use crate::pool::{Pool, PoolClock, SystemPoolClock};
+use crate::spawn::{IdMapping, SpawnError, Spawner, WorkerImage, WorkerNetwork};
+use crate::sys;
+use crate::template::Templates;
+
+use lease::finish_worker;
+use warm::{PoolKeys, WarmPool};
+use worker::{ReadyWorker, SetupFrames, open_null};
+
+/// Why a supervisor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    /// Building the worker image or the spawner failed.
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+}
+
+/// Options of a [`Supervisor`].
+#[derive(Debug, Clone, Default)]
+pub struct SupervisorOptions {
+    /// Host uid (and gid) of the sandbox's root when running as host root (default 65534).
+    pub sandbox_host_id: Option<u32>,
+    /// A delegated cgroup parent instead of detecting our own cgroup.
+    pub cgroup_parent: Option<CgroupParent>,
+    /// Run this program as the worker instead of the current executable, with these extra
+    /// arguments (tests use it to play a hostile worker).
+    pub worker_program: Option<(std::path::PathBuf, Vec<String>)>,
+    /// Without `worker_program`: the bytes of a dedicated worker program (built from the
+    /// `airlock-worker` crate's binary, as the `airlock` CLI embeds it) to run instead of
+    /// the current executable. Empty means none. It must come from the same build as this
+    /// library: the protocol has no compatibility across versions.
+    pub worker_image: Option<&'static [u8]>,
+    /// How `network = "none"` workers get their network namespace.
+    pub network_namespaces: NetworkNamespaces,
+    /// The clock of the pools' grow and shrink decisions (default: the real one).
+    pub pool_clock: Option<Arc<dyn PoolClock>>,
+}
+
+/// The network namespace strategy for `network = "none"` profiles.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NetworkNamespaces {
+    /// One empty network namespace, made by the supervisor and shared by those workers,
+    /// where that connects nobody: the supervisor may create it (root), the kernel scopes
+    /// abstract unix sockets per Landlock domain (ABI 6, Linux 6.12), and the profile
+    /// requires Landlock and seccomp (AF_UNIX only). Everything else gets a fresh one.
+    /// Creating and destroying a network namespace is most of a cold spawn's kernel work.
+    #[default]
+    SharedWhenSafe,
+    /// A fresh one per worker, always.
+    PerWorker,
+}
+
+/// Starts sandboxes. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Supervisor {
+    spawner: Spawner,
+    cgroups: Result<CgroupParent, String>,
+    /// Triggered by `close`: every running call is cancelled, new ones refused.
+    closing: CancelSignal,
+    /// Calls between start and cleanup.
+    active: Arc<std::sync::atomic::AtomicUsize>,
+    /// Pre-confined idle workers by profile.
+    pool: Pool<ReadyWorker>,
+    /// Which pool serves a profile.
+    pool_keys: PoolKeys,
+    /// The pools kept warm, by pool key, each with its replenisher's controls.
+    warm: std::sync::Mutex<std::collections::HashMap<String, WarmPool>>,
+    /// Empty worker cgroups kept for the next workers.
+    cgroup_spares: Arc<CgroupRecycler>,
+    /// /dev/null, opened once: a worker's stdio when the caller gives none is copies of it
+    /// (a dup instead of a path walk and a device open, three times per worker). `None`
+    /// when it could not be opened at start; each worker then tries to open its own.
+    null: Option<OwnedFd>,
+    /// Each profile's Hello and Setup frames, encoded once.
+    setup_frames: SetupFrames,
+    /// Profiles' root templates, for their pooled workers.
+    templates: Templates,
+    templates_built: AtomicU64,
+    /// Time as the pools' grow and shrink decisions see it.
+    pool_clock: Arc<dyn PoolClock>,
+}
+
+/// Counts a call as active until dropped (however the call ends).
+struct ActiveCall(Arc<std::sync::atomic::AtomicUsize>);
+
+impl ActiveCall {
+    fn enter(counter: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(counter))
+    }
+}
+
+impl Drop for ActiveCall {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+        crate::spawn::SETTLED.notify_waiters();
+    }
+}
+
+/// One run to perform.
+#[derive(Debug)]
+pub struct SandboxRun {
+    /// Call id for the result.
+    pub call_id: String,
+    /// Tool name for the result (`exec` for commands).
+    pub tool: String,
+    /// The compiled profile.
+    pub profile: Arc<CompiledProfile>,
+    /// argv (absolute, or resolved in the sandbox PATH).
+    pub argv: Vec<String>,
+    /// stdin bytes (captured mode).
+    pub stdin: Vec<u8>,
+    /// Validated arguments as JSON text.
+    pub arguments_json: String,
+    /// Deadline of the run.
+    pub timeout: Duration,
+    /// `Some` passes these descriptors through as the tool's stdin, stdout, stderr.
+    pub inherit_stdio: Option<[OwnedFd; 3]>,
+    /// A built-in tool to run instead of `argv` (its input is `arguments_json`).
+    pub builtin: Option<String>,
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Supervisor {
+    /// Seals the worker image, starts the spawner, detects cgroups.
+    ///
+    /// The process is deliberately not made a child subreaper: every worker is PID 1 of its
+    /// own pid namespace, so nothing a tool starts can be orphaned out of it, and a
+    /// subreaper would adopt every orphan of the embedding process (a gateway's own
+    /// double-forked helpers; bwrap's, in `airlock bench`) and, never reaping them, keep
+    /// them as zombies: thousands during a bench run, each one more task for every
+    /// `pivot_root` on the machine to visit.
+    pub fn start(options: SupervisorOptions) -> Result<Self, SupervisorError> {
+        let (image, extra_args) = match &options.worker_program {
+            Some((path, args)) => (WorkerImage::seal_from(path)?, args.clone()),
+            None => match options.worker_image {
+                Some(bytes) if !bytes.is_empty() => (WorkerImage::seal_bytes(bytes)?, Vec::new()),
+                _ => (WorkerImage::seal_current_executable()?, Vec::new()),
+            },
+        };
+        let mapping = IdMapping::for_this_process(options.sandbox_host_id);
+        // Scoping is the kernel's (worker-side Landlock), so it is checked on the host; the
+        // worker checks it again for itself and refuses a shared namespace without it.
+        let share_network = options.network_namespaces == NetworkNamespaces::SharedWhenSafe
+            && sys::landlock_abi_version().is_ok_and(|abi| abi >= 6);
+        let spawner = Spawner::start(image, mapping, extra_args, share_network)?;
+        let cgroups = match options.cgroup_parent {
+            Some(parent) => Ok(parent),
+            None => CgroupParent::detect().map_err(|e| e.to_string()),
+        };
+        if let Ok(parent) = &cgroups {
+            parent.remove_stale_worker_cgroups();
+        }
+        Ok(Self {
+            spawner,
+            cgroups,
+            closing: CancelSignal::new(),
+            active: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            pool: Pool::default(),
+            pool_keys: PoolKeys::default(),
+            warm: std::sync::Mutex::default(),
+            cgroup_spares: Arc::default(),
+            null: open_null().ok(),
+            setup_frames: SetupFrames::default(),
+            templates: Templates::default(),
+            templates_built: AtomicU64::new(0),
+            pool_clock: options
+                .pool_clock
+                .unwrap_or_else(|| Arc::new(SystemPoolClock)),
+        })
+    }
+
+    /// Cancels every running call, refuses new ones, and returns once every worker is
+    /// reaped and its cgroup removed.
+    pub async fn close(&self) {
+        {
+            // Under the lock `put_if_warm` holds: no replenisher adds a worker after the
+            // drain below.
+            let _warm = self
+                .warm
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.closing.cancel();
+        }
+        for mut worker in self.pool.drain() {
+            let _ = finish_worker(&mut worker.lease).await;
+        }
+        // Calls still cleaning up, and workers dropped midway whose reaping runs in the
+        // background (process-wide, so another supervisor's can delay this one's close).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            // Registered before the check, so a finish in between still wakes it.
+            let settled = crate::spawn::SETTLED.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.active.load(Ordering::SeqCst) == 0 && crate::spawn::background_cleanups() == 0 {
+                break;
+            }
+            tokio::select! {
+                () = &mut settled => {}
+                () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        // After the wait: every released cgroup has come back by now.
+        self.cgroup_spares.clear();
+        // No worker of theirs is left: their spawner threads end here.
+        self.templates.clear();
+    }
+
+    /// The cgroup parent, or why there is none.
+    pub fn cgroups(&self) -> Result<&CgroupParent, &str> {
+        self.cgroups.as_ref().map_err(String::as_str)
+    }
+
+    /// Calls in progress plus finished calls whose worker is still being reaped and removed
+    /// (what [`Supervisor::close`] waits for). Zero means no sandbox work is going on.
+    pub fn calls_in_flight(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// The network namespace a worker of `profile` gets (see [`NetworkNamespaces`]).
+    fn worker_network(&self, profile: &CompiledProfile) -> WorkerNetwork {
+        use airlock_protocol::{NetworkMode, Requirement};
+        let spec = &profile.spec;
+        match spec.network {
+            NetworkMode::Host => WorkerNetwork::Host,
+            // Compiled from `network = "none"`, so the filter allows AF_UNIX sockets only.
+            NetworkMode::None
+                if self.spawner.shares_network_namespace()
+                    && spec.landlock.requirement == Requirement::Required
+                    && spec.seccomp.requirement == Requirement::Required =>
+            {
+                WorkerNetwork::Shared
+            }
+            NetworkMode::None | NetworkMode::Loopback | NetworkMode::NoneShared => {
+                WorkerNetwork::Fresh
+            }
+        }
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}

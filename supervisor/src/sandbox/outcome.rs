@@ -1,0 +1,553 @@
+//! How a run ended, and the one function that turns that into its [`ToolResult`].
+//!
+//! The supervisor gathers what it knows — what the conversation with the worker produced,
+//! the cgroup's counters read after the worker was reaped, the limits the call ran under —
+//! and [`result_of`] decides, without side effects, what the record says. The cgroup
+//! counters are the supervisor's own evidence and outrank what the worker reports: a limit
+//! that was hit is the cause worth naming, in the order out of memory, seccomp, processes,
+//! then the signal or exit code itself.
+
+use airlock_protocol::{AppliedIsolation, ExitStatus, SetupFailure, ToolExit, WorkerMessage};
+
+use crate::cgroup::CgroupStats;
+use crate::channel::ChannelError;
+use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
+
+/// What the conversation with a worker produced.
+#[derive(Debug)]
+pub(super) enum Conversation {
+    /// The worker ran the call and reported (`Exited` or `RunFailed`).
+    Finished {
+        applied: AppliedIsolation,
+        report: WorkerMessage,
+    },
+    /// The worker could not confine itself.
+    SetupFailed { failure: SetupFailure },
+    /// The channel broke or the worker broke the protocol.
+    Broken(ChannelError),
+    /// The deadline passed; `applied` once the worker had confined itself.
+    TimedOut { applied: Option<AppliedIsolation> },
+    /// The caller cancelled or the supervisor closed.
+    Cancelled { applied: Option<AppliedIsolation> },
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Refused before a worker was made (no cgroup, no spawn).
+    Refused(ToolError),
+    /// A worker was made, whatever it then did.
+    Worker {
+        conversation: Conversation,
+        /// The version of the worker's cgroup (`v1`, `v2`), when it had one.
+        cgroup: Option<String>,
+        /// Its counters, read after the worker was reaped (final by then).
+        stats: Option<CgroupStats>,
+    },
+}
+
+/// What the record says about the call, whatever its outcome.
+#[derive(Debug, Clone)]
+pub(super) struct RunFacts<'a> {
+    pub call_id: &'a str,
+    pub tool: &'a str,
+    pub limits: AppliedLimits,
+    /// The digest of the profile's seccomp filter, reported when the worker installed it.
+    pub seccomp_digest: &'a str,
+    pub duration_ms: u64,
+}
+
+/// The result record of a run: pure, so every precedence case is tested as a table.
+pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
+    let mut result = ToolResult::rejected(
+        facts.call_id,
+        facts.tool,
+        ToolError::new(ErrorKind::SandboxUnavailable, ""),
+    );
+    result.attempts = 1;
+    result.duration_ms = facts.duration_ms;
+    let (conversation, cgroup, stats) = match outcome {
+        Outcome::Refused(error) => {
+            result.error = Some(error);
+            return result;
+        }
+        Outcome::Worker {
+            conversation,
+            cgroup,
+            stats,
+        } => (conversation, cgroup, stats),
+    };
+    let mut isolation = Isolation {
+        limits: facts.limits.clone(),
+        cgroup,
+        ..Isolation::default()
+    };
+    let limit_hit = LimitsHit::from(stats.as_ref());
+    result.usage.peak_memory_bytes = stats.and_then(|s| s.peak_memory_bytes);
+    result.error = match conversation {
+        Conversation::Finished { applied, report } => {
+            apply_isolation(&mut isolation, &applied, facts.seccomp_digest);
+            match report {
+                WorkerMessage::Exited(exit) => exited(&mut result, exit, limit_hit, facts),
+                WorkerMessage::RunFailed { message, .. } => {
+                    Some(ToolError::new(ErrorKind::ToolFailed, message))
+                }
+                other => Some(ToolError::new(
+                    ErrorKind::ProtocolViolation,
+                    format!("worker killed: expected Exited, got {}", other.name()),
+                )),
+            }
+        }
+        Conversation::SetupFailed { failure } => Some(ToolError {
+            step: Some(failure.step.clone()),
+            ..ToolError::new(
+                ErrorKind::SandboxUnavailable,
+                format!(
+                    "sandbox set-up failed at {}: {}",
+                    failure.step, failure.message
+                ),
+            )
+        }),
+        // The kernel's OOM killer took the worker itself: the channel closing is a symptom.
+        Conversation::Broken(ChannelError::Closed) if limit_hit.memory => {
+            Some(oom_error(facts.limits.memory_bytes))
+        }
+        Conversation::Broken(error) => Some(ToolError::new(
+            ErrorKind::ProtocolViolation,
+            format!("worker killed: {error}"),
+        )),
+        Conversation::TimedOut { applied } => {
+            if let Some(applied) = applied {
+                apply_isolation(&mut isolation, &applied, facts.seccomp_digest);
+            }
+            Some(timed_out(limit_hit, &facts.limits))
+        }
+        Conversation::Cancelled { applied } => {
+            if let Some(applied) = applied {
+                apply_isolation(&mut isolation, &applied, facts.seccomp_digest);
+            }
+            Some(ToolError::new(
+                ErrorKind::Cancelled,
+                "cancelled by the caller; every process was killed",
+            ))
+        }
+    };
+    result.isolation = Some(isolation);
+    result.ok = result.error.is_none();
+    result
+}
+
+/// Which cgroup limits the call ran into.
+#[derive(Debug, Clone, Copy, Default)]
+struct LimitsHit {
+    memory: bool,
+    pids: bool,
+}
+
+impl From<Option<&CgroupStats>> for LimitsHit {
+    fn from(stats: Option<&CgroupStats>) -> Self {
+        Self {
+            memory: stats.is_some_and(|s| s.oom_kills > 0),
+            pids: stats.is_some_and(|s| s.pids_limit_hits > 0),
+        }
+    }
+}
+
+fn oom_error(memory_bytes: u64) -> ToolError {
+    ToolError::new(
+        ErrorKind::OutOfMemory,
+        format!("the memory limit of {memory_bytes} bytes was reached"),
+    )
+}
+
+/// The tool ran to its end: its output is kept whatever the verdict.
+fn exited(
+    result: &mut ToolResult,
+    exit: ToolExit,
+    hit: LimitsHit,
+    facts: &RunFacts<'_>,
+) -> Option<ToolError> {
+    result.stdout = String::from_utf8_lossy(&exit.stdout).into_owned();
+    result.stderr = String::from_utf8_lossy(&exit.stderr).into_owned();
+    result.stdout_truncated = exit.stdout_truncated;
+    result.stderr_truncated = exit.stderr_truncated;
+    result.usage.cpu_ms = (exit.user_cpu_us.saturating_add(exit.system_cpu_us)) / 1000;
+    let pids = facts.limits.pids;
+    match exit.status {
+        ExitStatus::Code(code) => {
+            result.exit_code = Some(code);
+            if hit.memory {
+                Some(oom_error(facts.limits.memory_bytes))
+            } else if code == 0 {
+                None
+            } else if hit.pids {
+                Some(ToolError::new(
+                    ErrorKind::PidsLimit,
+                    format!(
+                        "the process limit of {pids} was reached; the tool exited with code {code}"
+                    ),
+                ))
+            } else {
+                Some(ToolError::new(
+                    ErrorKind::ToolFailed,
+                    format!("the tool exited with code {code}"),
+                ))
+            }
+        }
+        ExitStatus::Signal(signal) => {
+            result.signal = Some(signal);
+            Some(if hit.memory {
+                oom_error(facts.limits.memory_bytes)
+            } else if signal == libc::SIGSYS {
+                ToolError {
+                    syscall: Some("a syscall from a non-native architecture or the x32 ABI".into()),
+                    ..ToolError::new(
+                        ErrorKind::SeccompViolation,
+                        "the seccomp filter killed the tool (SIGSYS)",
+                    )
+                }
+            } else if hit.pids {
+                ToolError::new(
+                    ErrorKind::PidsLimit,
+                    format!("the process limit of {pids} was reached"),
+                )
+            } else {
+                ToolError::new(
+                    ErrorKind::ToolFailed,
+                    format!("the tool was killed by signal {signal}"),
+                )
+            })
+        }
+    }
+}
+
+/// The deadline passed. A limit hit on the way is the cause worth reporting: a fork bomb
+/// or a process thrashing at its memory limit spins until the deadline.
+fn timed_out(hit: LimitsHit, limits: &AppliedLimits) -> ToolError {
+    let timeout_ms = Some(limits.timeout_ms);
+    if hit.memory {
+        return ToolError {
+            timeout_ms,
+            ..ToolError::new(
+                ErrorKind::OutOfMemory,
+                format!(
+                    "the memory limit of {} bytes was reached and the deadline passed; every process was killed",
+                    limits.memory_bytes
+                ),
+            )
+        };
+    }
+    if hit.pids {
+        return ToolError {
+            timeout_ms,
+            ..ToolError::new(
+                ErrorKind::PidsLimit,
+                format!(
+                    "the process limit of {} was reached and the deadline passed; every process was killed",
+                    limits.pids
+                ),
+            )
+        };
+    }
+    ToolError {
+        timeout_ms,
+        ..ToolError::new(
+            ErrorKind::Timeout,
+            format!(
+                "deadline of {} ms passed; every process was killed",
+                limits.timeout_ms
+            ),
+        )
+    }
+}
+
+fn apply_isolation(isolation: &mut Isolation, applied: &AppliedIsolation, seccomp_digest: &str) {
+    isolation.namespaces = applied.namespaces.clone();
+    isolation.landlock_abi = applied.landlock_abi;
+    isolation.landlock = match (applied.landlock_abi, applied.landlock_fully_enforced) {
+        (0, _) => LandlockLevel::None,
+        (_, true) => LandlockLevel::Full,
+        (_, false) => LandlockLevel::Partial,
+    };
+    isolation.seccomp = applied
+        .seccomp_installed
+        .then(|| seccomp_digest.to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn facts() -> RunFacts<'static> {
+        RunFacts {
+            call_id: "c1",
+            tool: "t",
+            limits: AppliedLimits {
+                memory_bytes: 1 << 20,
+                pids: 8,
+                timeout_ms: 500,
+                output_bytes: 4096,
+            },
+            seccomp_digest: "d1g3st",
+            duration_ms: 7,
+        }
+    }
+
+    fn applied() -> AppliedIsolation {
+        AppliedIsolation {
+            namespaces: vec!["user".into(), "pid".into()],
+            landlock_abi: 6,
+            landlock_fully_enforced: true,
+            seccomp_installed: true,
+        }
+    }
+
+    fn exit(status: ExitStatus) -> Conversation {
+        Conversation::Finished {
+            applied: applied(),
+            report: WorkerMessage::Exited(ToolExit {
+                status,
+                stdout: b"out".to_vec(),
+                stderr: b"err".to_vec(),
+                stdout_truncated: false,
+                stderr_truncated: true,
+                user_cpu_us: 1500,
+                system_cpu_us: 600,
+            }),
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    enum Hit {
+        Nothing,
+        Memory,
+        Pids,
+        Both,
+    }
+
+    fn stats(hit: Hit) -> CgroupStats {
+        let (oom_kills, pids_limit_hits) = match hit {
+            Hit::Nothing => (0, 0),
+            Hit::Memory => (1, 0),
+            Hit::Pids => (0, 3),
+            Hit::Both => (2, 3),
+        };
+        CgroupStats {
+            oom_kills,
+            peak_memory_bytes: Some(4096),
+            pids_limit_hits,
+            memory_limit_hits: oom_kills,
+        }
+    }
+
+    fn on_worker(conversation: Conversation, hit: Hit) -> ToolResult {
+        result_of(
+            &facts(),
+            Outcome::Worker {
+                conversation,
+                cgroup: Some("v2".into()),
+                stats: Some(stats(hit)),
+            },
+        )
+    }
+
+    fn kind(result: &ToolResult) -> Option<ErrorKind> {
+        result.error.as_ref().map(|e| e.kind)
+    }
+
+    #[test]
+    fn an_exit_is_judged_memory_first_then_processes_then_the_code() {
+        use ErrorKind::*;
+        let table = [
+            (ExitStatus::Code(0), Hit::Nothing, None),
+            (ExitStatus::Code(0), Hit::Pids, None),
+            (ExitStatus::Code(0), Hit::Memory, Some(OutOfMemory)),
+            (ExitStatus::Code(1), Hit::Nothing, Some(ToolFailed)),
+            (ExitStatus::Code(1), Hit::Pids, Some(PidsLimit)),
+            (ExitStatus::Code(137), Hit::Memory, Some(OutOfMemory)),
+            (ExitStatus::Code(1), Hit::Both, Some(OutOfMemory)),
+        ];
+        for (status, hit, expected) in table {
+            let result = on_worker(exit(status), hit);
+            assert_eq!(kind(&result), expected, "{status:?}");
+            assert_eq!(result.ok, expected.is_none(), "{status:?}");
+            assert_eq!(result.exit_code, Some(status_code(&status)));
+            assert_eq!(result.signal, None);
+        }
+    }
+
+    fn status_code(status: &ExitStatus) -> i32 {
+        match status {
+            ExitStatus::Code(code) => *code,
+            ExitStatus::Signal(_) => panic!("not a code"),
+        }
+    }
+
+    #[test]
+    fn a_signal_is_judged_memory_then_seccomp_then_processes_then_the_signal() {
+        use ErrorKind::*;
+        let (sigsys, sigkill) = (libc::SIGSYS, libc::SIGKILL);
+        let table = [
+            (sigkill, Hit::Nothing, ToolFailed),
+            (sigkill, Hit::Memory, OutOfMemory),
+            (sigkill, Hit::Pids, PidsLimit),
+            (sigkill, Hit::Both, OutOfMemory),
+            (sigsys, Hit::Nothing, SeccompViolation),
+            (sigsys, Hit::Pids, SeccompViolation),
+            (sigsys, Hit::Memory, OutOfMemory),
+            (sigsys, Hit::Both, OutOfMemory),
+        ];
+        for (signal, hit, expected) in table {
+            let result = on_worker(exit(ExitStatus::Signal(signal)), hit);
+            assert_eq!(kind(&result), Some(expected), "signal {signal}");
+            assert_eq!(result.signal, Some(signal));
+            assert_eq!(result.exit_code, None);
+            assert!(!result.ok);
+        }
+        let seccomp = on_worker(exit(ExitStatus::Signal(sigsys)), Hit::Nothing);
+        assert!(seccomp.error.unwrap().syscall.is_some());
+        let signalled = on_worker(exit(ExitStatus::Signal(sigkill)), Hit::Nothing);
+        assert_eq!(
+            signalled.error.unwrap().message,
+            format!("the tool was killed by signal {sigkill}")
+        );
+    }
+
+    #[test]
+    fn a_deadline_names_the_limit_hit_on_the_way_before_the_timeout() {
+        use ErrorKind::*;
+        for (hit, expected) in [
+            (Hit::Nothing, Timeout),
+            (Hit::Pids, PidsLimit),
+            (Hit::Memory, OutOfMemory),
+            (Hit::Both, OutOfMemory),
+        ] {
+            let result = on_worker(
+                Conversation::TimedOut {
+                    applied: Some(applied()),
+                },
+                hit,
+            );
+            let error = result.error.unwrap();
+            assert_eq!(error.kind, expected);
+            assert_eq!(
+                error.timeout_ms,
+                Some(500),
+                "every deadline says its length"
+            );
+            assert!(!result.ok);
+        }
+        let timeout = on_worker(Conversation::TimedOut { applied: None }, Hit::Nothing);
+        assert_eq!(
+            timeout.error.unwrap().message,
+            "deadline of 500 ms passed; every process was killed"
+        );
+    }
+
+    #[test]
+    fn a_closed_channel_is_out_of_memory_only_when_the_kernel_says_so() {
+        let oom = on_worker(Conversation::Broken(ChannelError::Closed), Hit::Memory);
+        assert_eq!(kind(&oom), Some(ErrorKind::OutOfMemory));
+        let broken = on_worker(Conversation::Broken(ChannelError::Closed), Hit::Nothing);
+        assert_eq!(kind(&broken), Some(ErrorKind::ProtocolViolation));
+        let violation = on_worker(
+            Conversation::Broken(ChannelError::Violation("junk".into())),
+            Hit::Memory,
+        );
+        assert_eq!(kind(&violation), Some(ErrorKind::ProtocolViolation));
+        assert!(violation.error.unwrap().message.contains("junk"));
+    }
+
+    #[test]
+    fn set_up_failures_cancellations_and_run_failures_keep_their_kind() {
+        let setup = on_worker(
+            Conversation::SetupFailed {
+                failure: SetupFailure {
+                    step: "landlock".into(),
+                    message: "not supported".into(),
+                    errno: None,
+                    feature_missing: true,
+                },
+            },
+            Hit::Memory,
+        );
+        let error = setup.error.unwrap();
+        assert_eq!(error.kind, ErrorKind::SandboxUnavailable);
+        assert_eq!(error.step.as_deref(), Some("landlock"));
+        assert_eq!(
+            error.message,
+            "sandbox set-up failed at landlock: not supported"
+        );
+        let cancelled = on_worker(Conversation::Cancelled { applied: None }, Hit::Pids);
+        assert_eq!(kind(&cancelled), Some(ErrorKind::Cancelled));
+        let run_failed = on_worker(
+            Conversation::Finished {
+                applied: applied(),
+                report: WorkerMessage::RunFailed {
+                    message: "no such program".into(),
+                    errno: Some(libc::ENOENT),
+                },
+            },
+            Hit::Nothing,
+        );
+        assert_eq!(kind(&run_failed), Some(ErrorKind::ToolFailed));
+    }
+
+    #[test]
+    fn a_finished_call_reports_its_output_usage_and_the_isolation_applied() {
+        let result = on_worker(exit(ExitStatus::Code(0)), Hit::Nothing);
+        assert!(result.ok);
+        assert_eq!((result.call_id.as_str(), result.tool.as_str()), ("c1", "t"));
+        assert_eq!(
+            (result.stdout.as_str(), result.stderr.as_str()),
+            ("out", "err")
+        );
+        assert!(result.stderr_truncated && !result.stdout_truncated);
+        assert_eq!(result.usage.cpu_ms, 2);
+        assert_eq!(result.usage.peak_memory_bytes, Some(4096));
+        assert_eq!((result.attempts, result.duration_ms), (1, 7));
+        let isolation = result.isolation.unwrap();
+        assert_eq!(isolation.namespaces, ["user", "pid"]);
+        assert_eq!(isolation.landlock, LandlockLevel::Full);
+        assert_eq!(isolation.seccomp.as_deref(), Some("d1g3st"));
+        assert_eq!(isolation.cgroup.as_deref(), Some("v2"));
+        assert_eq!(isolation.limits, facts().limits);
+    }
+
+    #[test]
+    fn isolation_says_only_what_was_applied() {
+        // Timed out before the worker confined itself: nothing claimed.
+        let early = on_worker(Conversation::TimedOut { applied: None }, Hit::Nothing);
+        let isolation = early.isolation.unwrap();
+        assert!(isolation.namespaces.is_empty());
+        assert_eq!(isolation.landlock, LandlockLevel::None);
+        assert_eq!(isolation.seccomp, None);
+        let partial = AppliedIsolation {
+            landlock_fully_enforced: false,
+            seccomp_installed: false,
+            ..applied()
+        };
+        let late = on_worker(
+            Conversation::Cancelled {
+                applied: Some(partial),
+            },
+            Hit::Nothing,
+        );
+        let isolation = late.isolation.unwrap();
+        assert_eq!(isolation.landlock, LandlockLevel::Partial);
+        assert_eq!(isolation.seccomp, None);
+    }
+
+    #[test]
+    fn a_call_refused_before_a_worker_claims_no_isolation() {
+        let refused = result_of(
+            &facts(),
+            Outcome::Refused(ToolError::new(ErrorKind::SandboxUnavailable, "no cgroup")),
+        );
+        assert!(!refused.ok);
+        assert_eq!(refused.isolation, None);
+        assert_eq!(refused.attempts, 1);
+        assert_eq!(refused.error.unwrap().message, "no cgroup");
+    }
+}
