@@ -135,7 +135,7 @@ impl CgroupParent {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-    use super::super::tests::{FakeTree, hybrid_parent, hybrid_tree};
+    use super::super::fake_tree::{FakeTree, hybrid_parent, hybrid_tree};
     use super::*;
 
     /// A `/proc/<pid>/stat` line started at `start`, with a command name that holds
