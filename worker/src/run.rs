@@ -167,14 +167,66 @@ pub fn run_tool(
 ) -> WorkerMessage {
     match run_tool_inner(spec, request, stack, timings) {
         Ok(exit) => WorkerMessage::Exited(exit),
-        Err((message, errno)) => WorkerMessage::RunFailed { message, errno },
+        Err(error) => WorkerMessage::RunFailed {
+            message: error.to_string(),
+            errno: error.errno(),
+        },
     }
 }
 
-type RunError = (String, Option<i32>);
+/// Why the tool could not be started, named by the operation that failed. It reaches the
+/// supervisor as `RunFailed`: the `Display` text as the message, with
+/// [`RunError::errno`]; the call ends `tool_failed`.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Neither an argv nor a built-in to run.
+    #[error("empty argv")]
+    EmptyArgv,
+    /// A string bound for execve holds a NUL byte.
+    #[error("{what} contains NUL")]
+    InteriorNul {
+        /// Which string: `executable path`, `argument`, `environment` or `cwd`.
+        what: &'static str,
+    },
+    /// Making a pipe for the tool's stdio or exec errno failed.
+    #[error("pipe: {0}")]
+    Pipe(std::io::Error),
+    /// Forking the child that runs the `bash` built-in failed.
+    #[error("fork: {0}")]
+    Fork(std::io::Error),
+    /// Starting the tool's child (vfork and exec) failed.
+    #[error("spawn: {0}")]
+    Spawn(std::io::Error),
+    /// The child could not become the tool: its exec failed, or the stdio or working
+    /// directory set up just before it.
+    #[error("cannot execute {program}: {}", std::io::Error::from_raw_os_error(*.errno))]
+    Exec {
+        /// The resolved executable.
+        program: String,
+        /// The errno the child recorded.
+        errno: i32,
+    },
+    /// Making the worker's ends of the stdio pipes non-blocking failed.
+    #[error("nonblocking: {0}")]
+    SetNonblocking(std::io::Error),
+}
 
-fn os_error(what: &str) -> impl Fn(std::io::Error) -> RunError + '_ {
-    move |e| (format!("{what}: {e}"), e.raw_os_error())
+impl RunError {
+    /// The errno behind the failure, if any.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::EmptyArgv | Self::InteriorNul { .. } => None,
+            Self::Pipe(e) | Self::Fork(e) | Self::Spawn(e) | Self::SetNonblocking(e) => {
+                e.raw_os_error()
+            }
+            Self::Exec { errno, .. } => Some(*errno),
+        }
+    }
+}
+
+/// `text` for execve, or the error naming `what` it is when it holds a NUL.
+fn checked_cstring(text: &str, what: &'static str) -> Result<CString, RunError> {
+    cstring(text).ok_or(RunError::InteriorNul { what })
 }
 
 fn run_tool_inner(
@@ -199,30 +251,28 @@ fn run_tool_inner(
     let first = match (request.argv.first(), builtin) {
         (Some(first), _) => first.as_str(),
         (None, Some((name, _))) => name,
-        (None, None) => return Err(("empty argv".to_string(), None)),
+        (None, None) => return Err(RunError::EmptyArgv),
     };
     let resolved = resolve_executable(first, spec);
-    let program = cstring(&resolved).ok_or(("executable path contains NUL".to_string(), None))?;
+    let program = checked_cstring(&resolved, "executable path")?;
     let argv: Vec<CString> = request
         .argv
         .iter()
-        .map(|a| cstring(a))
-        .collect::<Option<_>>()
-        .ok_or(("argument contains NUL".to_string(), None))?;
+        .map(|a| checked_cstring(a, "argument"))
+        .collect::<Result<_, _>>()?;
     let envp: Vec<CString> = spec
         .env
         .iter()
-        .map(|(k, v)| cstring(&format!("{k}={v}")))
-        .collect::<Option<_>>()
-        .ok_or(("environment contains NUL".to_string(), None))?;
+        .map(|(k, v)| checked_cstring(&format!("{k}={v}"), "environment"))
+        .collect::<Result<_, _>>()?;
 
     timings.mark("prepare");
     let pipes = match request.stdio {
         StdioMode::Inherit => None,
         StdioMode::Capture => Some([
-            sys::cloexec_pipe().map_err(os_error("pipe"))?,
-            sys::cloexec_pipe().map_err(os_error("pipe"))?,
-            sys::cloexec_pipe().map_err(os_error("pipe"))?,
+            sys::cloexec_pipe().map_err(RunError::Pipe)?,
+            sys::cloexec_pipe().map_err(RunError::Pipe)?,
+            sys::cloexec_pipe().map_err(RunError::Pipe)?,
         ]),
     };
     let child_stdio = pipes.as_ref().map(|[stdin, stdout, stderr]| {
@@ -238,8 +288,8 @@ fn run_tool_inner(
         // The bash built-in decides in the child what to exec (and allocates): a real
         // fork, which shares no memory, so its errno comes through a pipe that closes on
         // exec (EOF) or once the child has started.
-        let (error_read, error_write) = sys::cloexec_pipe().map_err(os_error("pipe"))?;
-        let pid = match sys::fork_single_threaded().map_err(os_error("fork"))? {
+        let (error_read, error_write) = sys::cloexec_pipe().map_err(RunError::Pipe)?;
+        let pid = match sys::fork_single_threaded().map_err(RunError::Fork)? {
             Forked::Child => exec_tool_in_child(
                 spec,
                 &program,
@@ -257,7 +307,7 @@ fn run_tool_inner(
             .then(|| i32::from_ne_bytes(errno_bytes));
         (pid, errno)
     } else {
-        let cwd = cstring(&spec.cwd).ok_or(("cwd contains NUL".to_string(), None))?;
+        let cwd = checked_cstring(&spec.cwd, "cwd")?;
         let argv_ptrs = sys::pointer_array(&argv);
         let envp_ptrs = sys::pointer_array(&envp);
         let failure = AtomicI32::new(0);
@@ -272,7 +322,7 @@ fn run_tool_inner(
             )
         };
         let pid = sys::spawn_vfork(&mut child, stack.get_or_insert_with(ChildStack::new))
-            .map_err(os_error("spawn"))?;
+            .map_err(RunError::Spawn)?;
         // Resumed: the child has exec'd (nothing stored) or stored its errno and exited.
         (
             pid,
@@ -282,13 +332,10 @@ fn run_tool_inner(
     timings.mark("fork");
     if let Some(errno) = exec_errno {
         let _ = sys::reap_all_children();
-        return Err((
-            format!(
-                "cannot execute {resolved}: {}",
-                std::io::Error::from_raw_os_error(errno)
-            ),
-            Some(errno),
-        ));
+        return Err(RunError::Exec {
+            program: resolved,
+            errno,
+        });
     }
     // Polled for the tool's exit, so no loop sleeps past it.
     let tool_pidfd = sys::open_pidfd(pid).ok();
@@ -310,7 +357,7 @@ fn run_tool_inner(
             stdout_read.as_raw_fd(),
             stderr_read.as_raw_fd(),
         ] {
-            sys::set_fresh_pipe_nonblocking(fd).map_err(os_error("nonblocking"))?;
+            sys::set_fresh_pipe_nonblocking(fd).map_err(RunError::SetNonblocking)?;
         }
         let mut stdin_write = Some(stdin_write);
         let mut written = 0usize;
@@ -497,5 +544,37 @@ fn reap(tool: libc::pid_t, status: &mut Option<ExitStatus>, exited_at: &mut Opti
                 *exited_at = Some(Instant::now());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_exec_names_the_program_and_its_errno() {
+        let error = RunError::Exec {
+            program: "/usr/bin/missing".into(),
+            errno: libc::ENOENT,
+        };
+        assert_eq!(error.errno(), Some(libc::ENOENT));
+        // The CLI tells 127 from 126 by this text.
+        assert_eq!(
+            error.to_string(),
+            "cannot execute /usr/bin/missing: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn other_failures_name_the_operation() {
+        let pipe = RunError::Pipe(std::io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!(pipe.errno(), Some(libc::EMFILE));
+        assert!(pipe.to_string().starts_with("pipe: "), "{pipe}");
+        let nul = checked_cstring("a\0b", "argument").err();
+        assert_eq!(
+            nul.map(|e| (e.to_string(), e.errno())),
+            Some(("argument contains NUL".to_string(), None))
+        );
+        assert_eq!(RunError::EmptyArgv.to_string(), "empty argv");
     }
 }
