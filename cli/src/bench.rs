@@ -380,7 +380,7 @@ fn true_run(policy: &CompiledPolicy) -> SandboxRun {
 /// Takes one latency sample (milliseconds, `None` if the run failed) on a runtime worker
 /// thread, where `airlock serve` and an async gateway make their calls. Awaited from
 /// `block_on`'s thread instead, a call pays one more cross-thread wake-up (the runtime
-/// handing the result over), 0.03-0.05× the floor in this VM; the blocking contenders
+/// handing the result over), which is not what a gateway pays; the blocking contenders
 /// (the floor, bwrap, `airlock exec`) are timed on the same kind of thread, blocking it
 /// for their run.
 async fn sample_on_runtime<F>(measure: F) -> Option<f64>
@@ -522,9 +522,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         // reaping its previous call's worker and removing (or keeping) its cgroup, and the
         // pool refilled. Otherwise the sample measures that background work competing for
         // this machine's two cores: the warm call, which followed a cold call, measured the
-        // cold supervisor's clean-up too (1.10× the floor in rounds of only the floor and
-        // the pooled calls, 1.16–1.20× with a cold call before each warm one). Throughput
-        // below measures the loaded case.
+        // cold supervisor's clean-up too. Throughput below measures the loaded case.
         let quiet = |n: usize| {
             let others = [Arc::clone(&cold), Arc::clone(&cold_own_net)];
             let pooled = Arc::clone(&pooled);

@@ -225,8 +225,8 @@ pub fn confine_worker(
     //     its stdio is the caller's terminal, and none can acquire one by opening a tty
     //     (only a session leader can; the built-ins, which run in this process, open files
     //     with O_NOCTTY). Once here rather than per tool: with scheduler autogroups on
-    //     (Debian's default) setsid also makes one, 16 µs on each warm call's critical
-    //     path when it ran per tool.
+    //     (Debian's default) setsid also makes one, work that sat on each warm call's
+    //     critical path when it ran per tool.
     sys::new_session().map_err(ConfineError::NewSession)?;
 
     timings.mark("session");

@@ -5,9 +5,9 @@
 //!
 //! C's `main` directly, without Rust's runtime set-up, which reads /proc/self/maps to find
 //! the main thread's stack, installs a stack-overflow handler on an alternate signal stack,
-//! polls the standard descriptors and ignores SIGPIPE: 0.1–0.2 ms per worker start
-//! (`perf stat -r 500`, 1.06–1.09 → 0.83–0.99 ms) that a worker does not need. It sets
-//! every signal disposition itself (SIGPIPE ignored) before it writes anything.
+//! polls the standard descriptors and ignores SIGPIPE: start-up work, paid by every
+//! worker, that a worker does not need. It sets every signal disposition itself (SIGPIPE
+//! ignored) before it writes anything.
 //!
 //! It reads its arguments from `argv` itself: std's `env::args` is filled by a glibc
 //! start-up hook that musl (which `cli/build.rs` links the worker against when it can)

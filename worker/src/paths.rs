@@ -76,9 +76,8 @@ pub const FD_DIR: &str = "/proc/self/fd";
 /// `fd` as a path relative to [`FD_DIR`]: its number. mount(2) takes only paths, and
 /// `/proc/self/fd/N` from the root walks five components (procfs's `self` link and pid
 /// directory among them) before the magic link, for each of a mount's two paths. From
-/// `FD_DIR` it is the last step alone: the path lookups under mount(2) took 136 µs per
-/// worker with absolute paths and 98 µs with these (`perf record -g` of 200 `airlock
-/// exec`). What is left is procfs instantiating an entry for each new descriptor.
+/// `FD_DIR` it is the last step alone, so the path lookups under mount(2) do a fraction of
+/// the walking. What is left is procfs instantiating an entry for each new descriptor.
 pub fn fd_name(fd: &OwnedFd) -> PathBuf {
     PathBuf::from(fd.as_raw_fd().to_string())
 }

@@ -241,8 +241,8 @@ fn run_tool_inner(
         .map(|name| (name, request.arguments_json.as_str()));
     let limit = usize::try_from(request.output_limit_bytes).unwrap_or(usize::MAX);
     // In-process built-ins run in the worker itself: it is confined exactly as a child
-    // would be and is discarded after this one call, so a fork, pipes and a reap (about
-    // 0.3 ms) buy nothing.
+    // would be and is discarded after this one call, so a fork, pipes and a reap would
+    // cost the call time and buy nothing.
     if let (Some((name, arguments)), StdioMode::Capture) = (builtin, request.stdio)
         && runs_in_process(name)
     {

@@ -51,12 +51,12 @@ fn receive(stream: &mut UnixStream) -> Option<SupervisorMessage> {
 }
 
 /// Until the call arrives, runs once the code a call will need: a fresh process's first
-/// pass through a built-in or the report's encoder faults in its code and data (a first
-/// `read_file` took 140-190 µs here, the next one 11-14 µs). Only a pooled worker
-/// rehearses: a cold worker's call follows its `Ready` within a fraction of a millisecond,
-/// so the worker first waits that long, and stops between steps as soon as a call is
-/// waiting. Reads only, into buffers that are dropped: nothing of it reaches the tool or
-/// the supervisor. It also makes the tool's stack (`stack`), its pages faulted in.
+/// pass through a built-in or the report's encoder faults in its code and data, which the
+/// call would otherwise wait for. Only a pooled worker rehearses: a cold worker's call is
+/// already on its way when it is ready (the supervisor sends it with Setup), so the worker
+/// first waits briefly for one, and stops between steps as soon as a call is waiting.
+/// Reads only, into buffers that are dropped: nothing of it reaches the tool or the
+/// supervisor. It also makes the tool's stack (`stack`), its pages faulted in.
 fn rehearse_while_idle(stream: &UnixStream, stack: &mut Option<ChildStack>) {
     use std::os::fd::AsRawFd;
     let idle_for = |timeout_ms: i32| {

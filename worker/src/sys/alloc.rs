@@ -3,9 +3,8 @@
 //! Built against musl, the worker does not use musl's allocator (mallocng maps and unmaps
 //! pages for small allocations: 44 mmap/munmap/brk calls per worker against glibc's 5, each
 //! unmap a TLB flush). dlmalloc's own global allocator takes a pthread mutex around every
-//! call, which is 10-20 % of a worker's user time (`perf record` of 200 `airlock exec`,
-//! symbolised by hand: `pthread_mutex_lock`/`unlock` and `dlmalloc::global::lock`) spent
-//! on a lock nobody else can take.
+//! call, a visible share of a worker's user time (`pthread_mutex_lock`/`unlock` and
+//! `dlmalloc::global::lock` in a profile) spent on a lock nobody else can take.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::UnsafeCell;

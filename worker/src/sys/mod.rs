@@ -283,7 +283,7 @@ impl ChildStack {
     const WARM_BYTES: usize = 8 << 10;
 
     /// Allocates the stack and faults in its top pages. Left uninitialised otherwise:
-    /// zeroing all of it (`vec![0; n]`) took 16 page faults, about 40 µs on this VM.
+    /// zeroing all of it (`vec![0; n]`) faulted in every page, on the call's critical path.
     pub fn new() -> Self {
         let mut memory = Box::<[u8]>::new_uninit_slice(Self::BYTES);
         let len = memory.len();
@@ -319,9 +319,10 @@ impl Default for ChildStack {
 /// Starts `child` in a new process that shares this one's memory and runs on `stack`,
 /// with this process suspended until the child execs or exits (CLONE_VM|CLONE_VFORK,
 /// what posix_spawn does): no page tables are copied and nothing is copy-on-write
-/// afterwards (a fork of the worker took 0.15-0.3 ms). `child` must only make syscalls on
-/// data prepared before the call — no allocation — and end in exec or `_exit`; it may
-/// store into memory it borrows (an atomic, say), which the parent sees once this returns.
+/// afterwards, both of which a fork of the worker paid for on every call. `child` must
+/// only make syscalls on data prepared before the call — no allocation — and end in exec
+/// or `_exit`; it may store into memory it borrows (an atomic, say), which the parent sees
+/// once this returns.
 pub fn spawn_vfork<F: FnMut() -> i32>(
     child: &mut F,
     stack: &mut ChildStack,
