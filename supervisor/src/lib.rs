@@ -1,9 +1,9 @@
 //! airlock: the trusted supervisor — spawn, cgroups, deadlines, the gate, results, daemon.
 //!
 //! [`Supervisor`] runs one call in one fresh, single-use worker: it creates the worker's
-//! cgroup, clones the worker from a sealed image into fresh namespaces ([`spawn`]), speaks
-//! the protocol ([`channel`]), enforces the deadline and cancellation, kills and reaps
-//! everything, reads the cgroup counters and returns one [`ToolResult`]. [`Gate`] puts the
+//! cgroup, clones the worker from a sealed image into fresh namespaces, speaks the
+//! protocol, enforces the deadline and cancellation, kills and reaps everything, reads the
+//! cgroup counters and returns one [`ToolResult`]. [`Gate`] puts the
 //! agent frameworks' semantics in front of it (validation, rules, plan mode, approvals,
 //! retries, rate limits, audit); [`daemon`] serves a gate on a Unix socket.
 //!
@@ -45,7 +45,7 @@ pub mod backend;
 pub mod call;
 pub mod cancel;
 pub mod cgroup;
-pub mod channel;
+mod channel;
 pub mod daemon;
 pub mod gate;
 pub mod listing;
@@ -54,7 +54,7 @@ mod rate;
 pub mod result;
 pub mod sandbox;
 mod serial;
-pub mod spawn;
+mod spawn;
 mod sys;
 mod template;
 

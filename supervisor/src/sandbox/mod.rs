@@ -1,5 +1,5 @@
 //! One sandboxed run, start to finish: cgroup, spawn, handshake, confine, run, deadline,
-//! kill, reap, account, clean up — and the single [`ToolResult`] that says what happened.
+//! kill, reap, account, clean up — and the single [`ToolResult`](crate::ToolResult) that says what happened.
 //!
 //! The supervisor trusts its own clock (deadline), the cgroup counters (OOM, pids, peak
 //! memory) and the wait status of the worker; the worker only reports what the tool

@@ -61,7 +61,8 @@ impl WorkerImage {
         Self::seal_from(Path::new("/proc/self/exe"))
     }
 
-    /// The seals on the image (for tests and `doctor`).
+    /// The seals on the image.
+    #[cfg(test)]
     pub fn seals(&self) -> io::Result<i32> {
         sys::memfd_seals(&self.fd)
     }
@@ -116,6 +117,20 @@ mod tests {
 
     /// Lives in the test binary's read-only data, like the CLI's embedded worker.
     static EMBEDDED: &[u8] = include_bytes!("image.rs");
+
+    #[test]
+    fn a_sealed_image_cannot_be_written_grown_or_shrunk() {
+        let image = WorkerImage::seal_bytes(b"#!/bin/false\n").unwrap();
+        let seals = image.seals().unwrap();
+        for seal in [
+            libc::F_SEAL_WRITE,
+            libc::F_SEAL_GROW,
+            libc::F_SEAL_SHRINK,
+            libc::F_SEAL_SEAL,
+        ] {
+            assert_ne!(seals & seal, 0, "seal {seal:#x} missing from {seals:#x}");
+        }
+    }
 
     #[test]
     fn an_image_in_the_executable_is_copied_from_the_file_byte_for_byte() {

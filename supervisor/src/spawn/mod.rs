@@ -148,8 +148,6 @@ pub enum WorkerNetwork {
 /// A started worker.
 #[derive(Debug)]
 pub struct Spawned {
-    /// Host pid.
-    pub pid: i32,
     /// The process; killed and reaped if dropped before its owner takes the pidfd.
     pub child: ChildProcess,
     /// The supervisor's end of the protocol socket.
@@ -392,7 +390,6 @@ mod tests {
         let (socket, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
         let (exec_report, _write) = nix::unistd::pipe().unwrap();
         let spawned = Spawned {
-            pid,
             child: ChildProcess {
                 pidfd: Some(sys::pidfd_open(pid).unwrap()),
             },

@@ -436,7 +436,6 @@ fn spawn_worker(
 
     tracing::debug!(clone_and_maps_us = cloned_us, pid, "worker cloned");
     Ok(Spawned {
-        pid,
         child,
         socket: supervisor_end,
         exec_report: report_read,

@@ -68,6 +68,7 @@ pub fn page_out(bytes: &[u8]) {
 }
 
 /// The seals currently on a memfd.
+#[cfg(test)]
 pub fn memfd_seals(fd: &OwnedFd) -> io::Result<i32> {
     // SAFETY: F_GET_SEALS only reads.
     check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) })
