@@ -9,11 +9,10 @@ use std::sync::Arc;
 use airlock_protocol::{LandlockSpec, MountOp, NetworkMode, Rlimits, SandboxSpec, SeccompSpec};
 use serde_json::Value;
 
-use crate::rules::GatePolicy;
 use crate::schema::{CompiledSchema, SchemaError, compile_schema};
 use crate::seccomp::{SeccompError, compile_seccomp_program, digest_program};
-use crate::validate::{
-    ArgTemplate, Limits, Network, ProcView, Profile, Requirements, StdinSource, Tool,
+use crate::validated::{
+    ArgTemplate, GatePolicy, Limits, Network, ProcView, Profile, Requirements, StdinSource, Tool,
     ValidatedPolicy,
 };
 

@@ -1,7 +1,7 @@
 //! airlock-policy: policy files from TOML text to a compiled sandbox spec.
 //!
 //! Three steps with three types: [`parse_policy_str`] gives the serde file model
-//! ([`model::PolicyFile`]), [`validate::validate_policy`] a [`validate::ValidatedPolicy`]
+//! ([`model::PolicyFile`]), [`validate::validate_policy`] a [`validated::ValidatedPolicy`]
 //! (every error at once, as `FILE:LINE:COL` diagnostics), and [`compile::compile_policy`] a
 //! [`compile::CompiledPolicy`] of pure data for workers. [`load_policy_str`] runs all three.
 #![forbid(unsafe_code)]
@@ -18,6 +18,7 @@ pub mod strict;
 pub mod syscalls;
 pub mod units;
 pub mod validate;
+pub mod validated;
 
 pub use compile::{CompiledPolicy, CompiledProfile, CompiledTool};
 pub use diagnostic::{Diagnostic, Severity, Source};

@@ -1,137 +1,15 @@
-//! The gate's policy: decision rules, the default decision, rate limits, approval and audit
-//! settings — validated here, evaluated as a pure function so every rule kind is testable
-//! without a sandbox.
-
-use std::time::Duration;
+//! The gate's rules at work: which rule, if any, decides a validated call — a pure function,
+//! so every rule kind is testable without a sandbox — and the shipped pattern presets.
+//!
+//! The rule types themselves are part of the validated policy ([`crate::validated`]) and are
+//! re-exported here under the names callers know.
 
 use regex::Regex;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::validate::{SideEffect, Tool};
-
-/// What the gate decides for a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Decision {
-    /// Run it.
-    Allow,
-    /// Refuse it.
-    Deny,
-    /// A human must approve it first (two-phase approval).
-    Review,
-}
-
-impl Decision {
-    /// Parses `allow`, `deny` or `review`.
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "allow" => Some(Decision::Allow),
-            "deny" => Some(Decision::Deny),
-            "review" => Some(Decision::Review),
-            _ => None,
-        }
-    }
-}
-
-/// What a rule matches.
-#[derive(Debug, Clone)]
-pub enum RuleMatch {
-    /// Tools whose side effect is `read`.
-    ReadOnly,
-    /// Tools whose side effect is one of these.
-    SideEffects(Vec<SideEffect>),
-    /// Tools by name.
-    Tools(Vec<String>),
-    /// Tools by category.
-    Categories(Vec<String>),
-    /// A regex over one input field (of the listed tools, or of every tool having it).
-    Pattern {
-        /// Only these tools (all when empty).
-        tools: Vec<String>,
-        /// The input field.
-        field: String,
-        /// Any match fires.
-        patterns: Vec<Regex>,
-    },
-}
-
-/// One validated rule.
-#[derive(Debug, Clone)]
-pub struct Rule {
-    /// Name reported when it fires.
-    pub name: String,
-    /// What it matches.
-    pub matches: RuleMatch,
-    /// What it decides.
-    pub decision: Decision,
-}
-
-/// A token bucket's shape: `calls` per `period`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RateLimit {
-    /// Bucket size and refill amount.
-    pub calls: u32,
-    /// Refill period.
-    pub period: Duration,
-}
-
-impl RateLimit {
-    /// Parses `"60/1m"`, `"10/s"`, `"100/1h"`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (calls, period) = text
-            .split_once('/')
-            .ok_or_else(|| format!("rate limit {text:?} must look like \"60/1m\""))?;
-        let calls: u32 = calls
-            .trim()
-            .parse()
-            .ok()
-            .filter(|c| *c > 0)
-            .ok_or_else(|| format!("rate limit {text:?}: calls must be a positive integer"))?;
-        let period = period.trim();
-        let period = if period.starts_with(|c: char| c.is_ascii_digit()) {
-            period.to_string()
-        } else {
-            format!("1{period}")
-        };
-        let period = crate::units::parse_duration(&period)
-            .map_err(|e| format!("rate limit {text:?}: {e}"))?;
-        Ok(Self { calls, period })
-    }
-}
-
-/// Everything the gate needs from the policy.
-#[derive(Debug, Clone)]
-pub struct GatePolicy {
-    /// Ordered rules.
-    pub rules: Vec<Rule>,
-    /// Decision when no rule matches.
-    pub default_decision: Decision,
-    /// Per-session bucket.
-    pub session_rate: Option<RateLimit>,
-    /// Per-tool bucket for tools without their own.
-    pub tool_rate: Option<RateLimit>,
-    /// Put sanitised arguments in audit records.
-    pub audit_include_input: bool,
-    /// Approval lifetime.
-    pub approval_ttl: Duration,
-    /// Most pending approvals.
-    pub max_pending_approvals: usize,
-}
-
-impl Default for GatePolicy {
-    fn default() -> Self {
-        Self {
-            rules: Vec::new(),
-            default_decision: Decision::Allow,
-            session_rate: None,
-            tool_rate: None,
-            audit_include_input: false,
-            approval_ttl: Duration::from_secs(15 * 60),
-            max_pending_approvals: 1000,
-        }
-    }
-}
+pub use crate::validated::{Decision, GatePolicy, RateLimit, Rule, RuleMatch};
+use crate::validated::{SideEffect, Tool};
 
 /// The verdict for one call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -232,28 +110,6 @@ pub fn decide(gate: &GatePolicy, tool: &Tool, input: &Value) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rate_limits_parse_with_and_without_a_count_of_periods() {
-        assert_eq!(
-            RateLimit::parse("60/1m"),
-            Ok(RateLimit {
-                calls: 60,
-                period: Duration::from_secs(60)
-            })
-        );
-        assert_eq!(
-            RateLimit::parse("10/s"),
-            Ok(RateLimit {
-                calls: 10,
-                period: Duration::from_secs(1)
-            })
-        );
-        assert!(RateLimit::parse("0/s").is_err());
-        assert!(RateLimit::parse("ten/s").is_err());
-        assert!(RateLimit::parse("10").is_err());
-        assert!(RateLimit::parse("10/fortnight").is_err());
-    }
 
     #[test]
     fn dangerous_shell_patterns_catch_the_classics_and_spare_ordinary_commands() {

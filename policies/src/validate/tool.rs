@@ -1,76 +1,27 @@
-//! Tools: command templates, built-ins, schemas (with `strict_objects` applied), side
-//! effects, approvals and the rest of a tool's metadata.
+//! Tools: one check per rule family — name and description, the profile it runs in, command
+//! or built-in, schemas ([`super::schemas`]), the argv template ([`super::argv`]), stdin,
+//! side effect and approval, retries and timeout, and the metadata the gate reads
+//! (concurrency, permissions, state, rate limit).
+//!
+//! [`check_tool`] calls the families in this order, which is also the order diagnostics at one
+//! position come out in.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::Value;
 use toml::Spanned;
 
+use super::argv::{check_command, check_dash_values, input_properties};
 use super::permissions::check_permissions;
+use super::schemas::{Schemas, check_schemas};
 use super::{
-    Approval, ArgTemplate, Checker, PERMISSIONS, Profile, SideEffect, StdinSource, TOOL_NAME, Tool,
-    ToolState, bounds, defaults,
+    Approval, Checker, PERMISSIONS, Profile, SideEffect, StdinSource, TOOL_NAME, Tool, ToolState,
+    bounds, defaults,
 };
 use crate::builtin::Builtin;
-use crate::diagnostic::Severity;
 use crate::model::ToolFile;
-use crate::rules::RateLimit;
-use crate::schema::{compile_schema, dialect};
-use crate::strict::close_objects;
-
-/// Converts a TOML value to JSON; TOML datetimes have no JSON equivalent.
-fn toml_to_json(value: &toml::Value) -> Result<Value, &'static str> {
-    Ok(match value {
-        toml::Value::String(s) => Value::String(s.clone()),
-        toml::Value::Integer(i) => Value::from(*i),
-        toml::Value::Float(f) => serde_json::Number::from_f64(*f)
-            .map(Value::Number)
-            .ok_or("schemas cannot hold NaN or infinite numbers")?,
-        toml::Value::Boolean(b) => Value::Bool(*b),
-        toml::Value::Datetime(_) => return Err("schemas cannot hold TOML datetimes"),
-        toml::Value::Array(items) => {
-            Value::Array(items.iter().map(toml_to_json).collect::<Result<_, _>>()?)
-        }
-        toml::Value::Table(table) => Value::Object(
-            table
-                .iter()
-                .map(|(k, v)| Ok((k.clone(), toml_to_json(v)?)))
-                .collect::<Result<_, &'static str>>()?,
-        ),
-    })
-}
-
-/// Converts, applies `strict_objects` (reporting where that changes the schema's meaning)
-/// and compiles a schema. Returns the document the gate enforces and publishes.
-fn check_schema(
-    c: &mut Checker<'_>,
-    schema: &Spanned<toml::Value>,
-    what: &str,
-    strict_objects: bool,
-) -> Option<Value> {
-    let json = match toml_to_json(schema.get_ref()) {
-        Ok(json) => json,
-        Err(e) => {
-            c.error(schema.span(), format!("{what}: {e}"));
-            return None;
-        }
-    };
-    let json = match (strict_objects, dialect(&json)) {
-        (true, Ok(dialect)) => {
-            let (closed, notes) = close_objects(&json, dialect);
-            for note in notes {
-                c.warning(schema.span(), format!("{what}: {note}"));
-            }
-            closed
-        }
-        _ => json,
-    };
-    if let Err(e) = compile_schema(&json) {
-        c.error(schema.span(), format!("{what}: {e}"));
-        return None;
-    }
-    Some(json)
-}
+use crate::validated::RateLimit;
 
 /// Policy-wide settings that shape each tool.
 #[derive(Debug, Clone, Copy)]
@@ -81,8 +32,8 @@ pub(super) struct ToolOptions {
     pub destructive_requires_approval: bool,
 }
 
-const SCALAR_TYPES: &[&str] = &["string", "integer", "number", "boolean"];
-
+/// Validates one tool against the already checked `profiles`; `None` when it has errors (they
+/// are in `c`).
 pub(super) fn check_tool(
     c: &mut Checker<'_>,
     name: &Spanned<String>,
@@ -90,12 +41,77 @@ pub(super) fn check_tool(
     profiles: &BTreeMap<String, Option<Profile>>,
     options: ToolOptions,
 ) -> Option<Tool> {
-    let strict_objects = options.strict_objects;
-    let before = c
-        .diagnostics
-        .iter()
-        .filter(|d| d.severity == Severity::Error)
-        .count();
+    let before = c.error_count();
+    let tool_name = check_name_and_description(c, name, file);
+    let (profile_name, profile) = check_profile_ref(c, name, &tool_name, file, profiles);
+    let builtin = check_implementation(c, name, &tool_name, file);
+    let Schemas {
+        input: input_schema,
+        output: output_schema,
+    } = check_schemas(c, name, &tool_name, file, builtin, options.strict_objects);
+    let command = check_command(c, &tool_name, file, input_schema.as_ref());
+    let allow_dash_values = check_dash_values(c, &tool_name, file, &command);
+    let stdin = check_stdin(c, &tool_name, file, input_schema.as_ref());
+    let side_effect = check_side_effect(c, &tool_name, file, builtin);
+    let (approval, approval_implied) =
+        check_approval(c, name, &tool_name, file, builtin, side_effect, options);
+    let (retries, timeout) = check_retries_and_timeout(c, &tool_name, file, profile);
+    if let (Some(profile), SideEffect::Read) = (profile, side_effect)
+        && !profile.write.is_empty()
+    {
+        c.warning(
+            name.span(),
+            format!(
+                "tool {tool_name} is declared read-only but profile {} has write paths",
+                profile.name
+            ),
+        );
+    }
+    // Undeclared: a built-in that only reads cannot disturb another call; anything else might.
+    let concurrency_safe = file
+        .concurrency_safe
+        .as_ref()
+        .map_or(builtin.is_some_and(Builtin::is_read_only), |v| *v.get_ref());
+    let permissions = check_permission_names(c, &tool_name, file);
+    if let (Some(declared), Some(profile), Some(list)) = (&permissions, profile, &file.permissions)
+    {
+        check_permissions(c, &tool_name, declared, profile, list.span());
+    }
+    let state = check_state(c, &tool_name, file);
+    let rate_limit = check_rate_limit(c, &tool_name, file);
+
+    if c.error_count() != before {
+        return None;
+    }
+    Some(Tool {
+        concurrency_safe,
+        approval_implied,
+        allow_dash_values,
+        permissions,
+        state,
+        rate_limit,
+        name: tool_name,
+        description: file.description.get_ref().clone(),
+        profile: profile_name,
+        command,
+        builtin,
+        stdin,
+        side_effect,
+        category: file.category.as_ref().map(|c| c.get_ref().clone()),
+        approval,
+        retries,
+        timeout,
+        input_schema: input_schema?,
+        output_schema,
+    })
+}
+
+/// The tool's name (returned) and its description, which must say something.
+fn check_name_and_description(
+    c: &mut Checker<'_>,
+    name: &Spanned<String>,
+    file: &ToolFile,
+) -> String {
     let tool_name = name.get_ref().clone();
     if tool_name.len() > 64 || !TOOL_NAME.as_ref().is_ok_and(|re| re.is_match(&tool_name)) {
         c.error(
@@ -109,7 +125,18 @@ pub(super) fn check_tool(
             format!("tool {tool_name}: description must not be blank"),
         );
     }
+    tool_name
+}
 
+/// The profile the tool runs in (named, or `default`): its name, and the profile when it
+/// exists and is valid.
+fn check_profile_ref<'p>(
+    c: &mut Checker<'_>,
+    name: &Spanned<String>,
+    tool_name: &str,
+    file: &ToolFile,
+    profiles: &'p BTreeMap<String, Option<Profile>>,
+) -> (String, Option<&'p Profile>) {
     let profile_name = file
         .profile
         .as_ref()
@@ -125,8 +152,17 @@ pub(super) fn check_tool(
             None
         }
     };
+    (profile_name, profile)
+}
 
-    let builtin = match (&file.command, &file.builtin) {
+/// Exactly one of `command` and `builtin`; the built-in, when one is named and known.
+fn check_implementation(
+    c: &mut Checker<'_>,
+    name: &Spanned<String>,
+    tool_name: &str,
+    file: &ToolFile,
+) -> Option<Builtin> {
+    match (&file.command, &file.builtin) {
         (Some(_), Some(b)) => {
             c.error(
                 b.span(),
@@ -157,118 +193,36 @@ pub(super) fn check_tool(
             found
         }
         (Some(_), None) => None,
-    };
-    let input_schema = match (&file.input, builtin) {
-        (Some(input), _) => check_schema(
-            c,
-            input,
-            &format!("tool {tool_name}: input schema"),
-            strict_objects,
-        ),
-        (None, Some(b)) => Some(b.input_schema()),
-        (None, None) => {
-            if file.command.is_some() {
-                c.error(
-                    name.span(),
-                    format!("tool {tool_name}: command tools need an input schema"),
-                );
-            }
-            None
-        }
-    };
-    if let (Some(schema), Some(input)) = (&input_schema, &file.input)
-        && schema.get("type").and_then(Value::as_str) != Some("object")
-    {
-        c.error(
-            input.span(),
-            format!("tool {tool_name}: input schema must have type = \"object\""),
-        );
     }
-    let output_schema = file.output.as_ref().and_then(|o| {
-        check_schema(
-            c,
-            o,
-            &format!("tool {tool_name}: output schema"),
-            strict_objects,
-        )
-    });
+}
 
-    let properties = input_schema
-        .as_ref()
-        .and_then(|s| s.get("properties"))
-        .and_then(Value::as_object);
-    let required: BTreeSet<&str> = input_schema
-        .as_ref()
-        .and_then(|s| s.get("required"))
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-
-    let mut command = Vec::new();
-    let no_command = Spanned::new(0..0, Vec::new());
-    let command_file = file.command.as_ref().unwrap_or(&no_command);
-    if file.command.is_some() && command_file.get_ref().is_empty() {
-        c.error(
-            command_file.span(),
-            format!("tool {tool_name}: command must name an executable"),
-        );
-    }
-    for (index, element) in command_file.get_ref().iter().enumerate() {
-        let text = element.get_ref();
-        let field = text.strip_prefix('{').and_then(|t| t.strip_suffix('}'));
-        match field {
-            Some(field) if index == 0 => {
-                c.error(element.span(), format!("tool {tool_name}: the executable must be a literal path, not the field {field:?}"));
-            }
-            Some(field) => {
-                if input_schema.is_some() {
-                    let property = properties.and_then(|p| p.get(field));
-                    let scalar = property
-                        .and_then(|p| p.get("type"))
-                        .and_then(Value::as_str)
-                        .is_some_and(|t| SCALAR_TYPES.contains(&t));
-                    if property.is_none() {
-                        c.error(element.span(), format!("tool {tool_name}: command field {field:?} is not a property of the input schema"));
-                    } else if !scalar {
-                        c.error(element.span(), format!("tool {tool_name}: command field {field:?} must have a scalar type (string, integer, number, boolean)"));
-                    } else if !required.contains(field) {
-                        c.error(element.span(), format!("tool {tool_name}: command field {field:?} must be listed in the input schema's required"));
-                    }
-                }
-                command.push(ArgTemplate::Field(field.to_string()));
-            }
-            None if text.contains('{') || text.contains('}') => {
-                c.error(element.span(), format!("tool {tool_name}: fields are substituted as whole arguments only: write \"{{field}}\" as its own element"));
-            }
-            None if text.contains('\0') => {
-                c.error(
-                    element.span(),
-                    format!("tool {tool_name}: command elements must not contain NUL"),
-                );
-            }
-            None if index == 0 => {
-                if let Some(path) = c.path(element, &format!("tool {tool_name}: executable")) {
-                    command.push(ArgTemplate::Literal(path));
-                }
-            }
-            None => command.push(ArgTemplate::Literal(text.clone())),
-        }
-    }
-
-    let allow_dash_values = check_dash_values(c, &tool_name, file, &command);
-
-    let stdin = match &file.stdin {
+/// `stdin`: nothing, one input property, or the whole input (`"$input"`).
+fn check_stdin(
+    c: &mut Checker<'_>,
+    tool_name: &str,
+    file: &ToolFile,
+    input_schema: Option<&Value>,
+) -> StdinSource {
+    match &file.stdin {
         None => StdinSource::Empty,
         Some(s) if s.get_ref() == "$input" => StdinSource::WholeInput,
         Some(s) => {
+            let properties = input_properties(input_schema);
             if input_schema.is_some() && properties.and_then(|p| p.get(s.get_ref())).is_none() {
                 c.error(s.span(), format!("tool {tool_name}: stdin field {:?} is not a property of the input schema (or use \"$input\")", s.get_ref()));
             }
             StdinSource::Field(s.get_ref().clone())
         }
-    };
+    }
+}
 
-    let side_effect = match file
+fn check_side_effect(
+    c: &mut Checker<'_>,
+    tool_name: &str,
+    file: &ToolFile,
+    builtin: Option<Builtin>,
+) -> SideEffect {
+    match file
         .side_effect
         .as_ref()
         .map(|s| (s.get_ref().as_str(), s.span()))
@@ -286,7 +240,20 @@ pub(super) fn check_tool(
             c.error(span, format!("tool {tool_name}: side_effect must be read, write or destructive, not {other:?}"));
             SideEffect::Destructive
         }
-    };
+    }
+}
+
+/// `approval`, as declared or implied by the side effect; returns it and whether it is only
+/// implied.
+fn check_approval(
+    c: &mut Checker<'_>,
+    name: &Spanned<String>,
+    tool_name: &str,
+    file: &ToolFile,
+    builtin: Option<Builtin>,
+    side_effect: SideEffect,
+    options: ToolOptions,
+) -> (Approval, bool) {
     let declared_approval = match file
         .approval
         .as_ref()
@@ -321,6 +288,16 @@ pub(super) fn check_tool(
             ),
         );
     }
+    (approval, approval_implied)
+}
+
+/// `retries` (default 0) and `timeout` (default the profile's).
+fn check_retries_and_timeout(
+    c: &mut Checker<'_>,
+    tool_name: &str,
+    file: &ToolFile,
+    profile: Option<&Profile>,
+) -> (u32, Duration) {
     let retries = file
         .retries
         .as_ref()
@@ -333,25 +310,16 @@ pub(super) fn check_tool(
         .and_then(|t| c.duration(t, &format!("tool {tool_name}: timeout")))
         .or(profile.map(|p| p.limits.timeout))
         .unwrap_or(defaults::TIMEOUT);
+    (retries, timeout)
+}
 
-    if let (Some(profile), SideEffect::Read) = (profile, side_effect)
-        && !profile.write.is_empty()
-    {
-        c.warning(
-            name.span(),
-            format!(
-                "tool {tool_name} is declared read-only but profile {} has write paths",
-                profile.name
-            ),
-        );
-    }
-
-    // Undeclared: a built-in that only reads cannot disturb another call; anything else might.
-    let concurrency_safe = file
-        .concurrency_safe
-        .as_ref()
-        .map_or(builtin.is_some_and(Builtin::is_read_only), |v| *v.get_ref());
-    let permissions = file.permissions.as_ref().map(|list| {
+/// The names in `permissions`, when declared; unknown ones are errors and left out.
+fn check_permission_names(
+    c: &mut Checker<'_>,
+    tool_name: &str,
+    file: &ToolFile,
+) -> Option<Vec<String>> {
+    file.permissions.as_ref().map(|list| {
         list.get_ref()
             .iter()
             .filter_map(|p| {
@@ -370,12 +338,11 @@ pub(super) fn check_tool(
                 }
             })
             .collect::<Vec<_>>()
-    });
-    if let (Some(declared), Some(profile), Some(list)) = (&permissions, profile, &file.permissions)
-    {
-        check_permissions(c, &tool_name, declared, profile, list.span());
-    }
-    let state = match &file.state {
+    })
+}
+
+fn check_state(c: &mut Checker<'_>, tool_name: &str, file: &ToolFile) -> ToolState {
+    match &file.state {
         None => ToolState::Active,
         Some(s) => ToolState::from_name(s.get_ref()).unwrap_or_else(|| {
             c.error(
@@ -387,9 +354,11 @@ pub(super) fn check_tool(
             );
             ToolState::Active
         }),
-    };
-    let rate_limit = file
-        .rate_limit
+    }
+}
+
+fn check_rate_limit(c: &mut Checker<'_>, tool_name: &str, file: &ToolFile) -> Option<RateLimit> {
+    file.rate_limit
         .as_ref()
         .and_then(|r| match RateLimit::parse(r.get_ref()) {
             Ok(limit) => Some(limit),
@@ -397,80 +366,5 @@ pub(super) fn check_tool(
                 c.error(r.span(), format!("tool {tool_name}: {e}"));
                 None
             }
-        });
-
-    let after = c
-        .diagnostics
-        .iter()
-        .filter(|d| d.severity == Severity::Error)
-        .count();
-    if after != before {
-        return None;
-    }
-    Some(Tool {
-        concurrency_safe,
-        approval_implied,
-        allow_dash_values,
-        permissions,
-        state,
-        rate_limit,
-        name: tool_name,
-        description: file.description.get_ref().clone(),
-        profile: profile_name,
-        command,
-        builtin,
-        stdin,
-        side_effect,
-        category: file.category.as_ref().map(|c| c.get_ref().clone()),
-        approval,
-        retries,
-        timeout,
-        input_schema: input_schema?,
-        output_schema,
-    })
-}
-
-/// `allow_dash_values`: every name must be a `{field}` of the command. A field that may start
-/// with `-` and has no `--` before it is warned about: most programs would read it as an
-/// option (`echo_text` given `--version`).
-fn check_dash_values(
-    c: &mut Checker<'_>,
-    tool_name: &str,
-    file: &ToolFile,
-    command: &[ArgTemplate],
-) -> BTreeSet<String> {
-    let Some(list) = &file.allow_dash_values else {
-        return BTreeSet::new();
-    };
-    let mut allowed = BTreeSet::new();
-    for field in list.get_ref() {
-        let position = command
-            .iter()
-            .position(|a| *a == ArgTemplate::Field(field.get_ref().clone()));
-        let Some(position) = position else {
-            c.error(
-                field.span(),
-                format!(
-                    "tool {tool_name}: allow_dash_values names {:?}, which is not a {{field}} of the command",
-                    field.get_ref()
-                ),
-            );
-            continue;
-        };
-        let after_marker = command[..position]
-            .iter()
-            .any(|a| *a == ArgTemplate::Literal("--".to_string()));
-        if !after_marker {
-            c.warning(
-                field.span(),
-                format!(
-                    "tool {tool_name}: command field {:?} may start with `-` (allow_dash_values) and no \
-                     \"--\" comes before it, so the program may read it as an option",
-                    field.get_ref()
-                ),
-            );
-        }
-        allowed.insert(field.get_ref().clone());
-    }
-    allowed
+        })
 }
