@@ -11,7 +11,7 @@ const SECCOMP_BREAKS: &str = "profiles with require.seccomp = \"required\" (the 
 refuse to run; best_effort profiles run without a syscall filter";
 
 pub(super) fn check_seccomp() -> Vec<Check> {
-    // The actions airlock's filters return (policies/src/seccomp.rs).
+    // The actions airlock's filters return (policies/src/seccomp/program.rs).
     const NEEDED: [&str; 3] = ["kill_process", "errno", "allow"];
     const TITLE: &str = "seccomp actions";
     let actions_check = match read_trimmed("/proc/sys/kernel/seccomp/actions_avail") {

@@ -12,7 +12,7 @@ use super::facts::{
 };
 
 /// The groups of [`DEFAULT_ALLOW`], in its order, each named with its first member (the
-/// list is written group by group in policies/src/seccomp.rs).
+/// list is written group by group in policies/src/seccomp/tables.rs).
 const SYSCALL_GROUPS: &[(&str, &str)] = &[
     ("descriptors and I/O", "read"),
     ("files and directories", "open"),
@@ -25,7 +25,7 @@ const SYSCALL_GROUPS: &[(&str, &str)] = &[
     ("legacy asynchronous I/O", "io_setup"),
 ];
 
-/// Syscalls no policy can allow, answered with ENOSYS (policies/src/seccomp.rs).
+/// Syscalls no policy can allow, answered with ENOSYS (policies/src/seccomp/tables.rs).
 const ALWAYS_ENOSYS: [&str; 4] = [
     "clone3",
     "io_uring_setup",

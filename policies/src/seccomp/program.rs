@@ -1,0 +1,380 @@
+//! BPF generation: the syscall numbers as runs of equal outcome, searched with a binary tree
+//! of `JGE`s whose leaves hold each run's action (and its argument checks).
+
+use std::collections::BTreeMap;
+
+use airlock_protocol::BpfInstruction;
+
+use super::args::{Condition, argument_rules};
+use super::{SeccompError, SyscallPolicy, denied_eperm, number};
+
+pub(super) const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_ALU_AND_K: u16 = 0x54;
+const BPF_JMP_JEQ_K: u16 = 0x15;
+const BPF_JMP_JGE_K: u16 = 0x35;
+const BPF_JMP_JA: u16 = 0x05;
+const BPF_RET_K: u16 = 0x06;
+const BPF_MAXINSNS: usize = 4096;
+/// `offsetof(struct seccomp_data, args)`; the low 32 bits of `args[i]` are at `+ 8 * i`
+/// (little-endian).
+const SECCOMP_DATA_ARGS: u32 = 16;
+
+/// What the program does with one syscall number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Action {
+    Allow,
+    Errno(u32),
+    /// `EPERM` if any rule (a conjunction of conditions) holds, otherwise `otherwise`.
+    Checked {
+        rules: Vec<Vec<Condition>>,
+        otherwise: Box<Action>,
+    },
+}
+
+/// The action for every syscall number from 0 up, as runs of equal actions: `(first
+/// number, action)`, each run lasting until the next one starts; numbers past the last run
+/// get `ENOSYS` (the last run is that).
+fn action_runs(policy: &SyscallPolicy) -> Result<Vec<(u32, Action)>, SeccompError> {
+    let enosys = Action::Errno(libc::ENOSYS as u32);
+    let mut actions: BTreeMap<u32, Action> = BTreeMap::new();
+    for name in &policy.allow {
+        actions.insert(number(name)?, Action::Allow);
+    }
+    for (nr, rules) in argument_rules(policy.families)? {
+        let otherwise = actions.get(&nr).cloned().unwrap_or_else(|| enosys.clone());
+        actions.insert(
+            nr,
+            Action::Checked {
+                rules,
+                otherwise: Box::new(otherwise),
+            },
+        );
+    }
+    // Denials win over everything, arguments or not.
+    for name in denied_eperm() {
+        actions.insert(number(name)?, Action::Errno(libc::EPERM as u32));
+    }
+    for name in &policy.deny {
+        actions.insert(number(name)?, Action::Errno(libc::EPERM as u32));
+    }
+    let mut runs: Vec<(u32, Action)> = Vec::new();
+    let mut next = 0u32;
+    for (nr, action) in actions {
+        if nr > next {
+            push_run(&mut runs, next, enosys.clone());
+        }
+        push_run(&mut runs, nr, action);
+        next = nr + 1;
+    }
+    push_run(&mut runs, next, enosys);
+    Ok(runs)
+}
+
+fn push_run(runs: &mut Vec<(u32, Action)>, start: u32, action: Action) {
+    if runs.last().map(|(_, last)| last) != Some(&action) {
+        runs.push((start, action));
+    }
+}
+
+fn insn(code: u16, jt: u8, jf: u8, k: u32) -> BpfInstruction {
+    BpfInstruction { code, jt, jf, k }
+}
+
+/// A conditional jump offset, which classic BPF limits to 8 bits.
+fn short_offset(len: usize) -> Result<u8, SeccompError> {
+    u8::try_from(len).map_err(|_| SeccompError::TooLong(len))
+}
+
+/// The instructions for one run's action; the accumulator holds the syscall number, which
+/// argument checks overwrite (every path of a leaf returns).
+fn emit_action(action: &Action) -> Result<Vec<BpfInstruction>, SeccompError> {
+    match action {
+        Action::Allow => Ok(vec![insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]),
+        Action::Errno(errno) => Ok(vec![insn(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno)]),
+        Action::Checked { rules, otherwise } => {
+            let mut out = Vec::new();
+            for rule in rules {
+                // Each condition: load, mask, compare; a failed condition skips to the next
+                // rule, past the rest of this one and its `RET EPERM`.
+                let per_condition = |c: &Condition| 2 + usize::from(c.mask.is_some());
+                let mut remaining: usize = rule.iter().map(per_condition).sum::<usize>() + 1;
+                for c in rule {
+                    out.push(insn(
+                        BPF_LD_W_ABS,
+                        0,
+                        0,
+                        SECCOMP_DATA_ARGS + 8 * u32::from(c.arg),
+                    ));
+                    if let Some(mask) = c.mask {
+                        out.push(insn(BPF_ALU_AND_K, 0, 0, mask));
+                    }
+                    remaining -= per_condition(c);
+                    // `remaining` instructions follow this jump within the rule, the last of
+                    // them the RET: skipping them lands on the next rule.
+                    let skip = short_offset(remaining)?;
+                    let (jt, jf) = if c.equal { (0, skip) } else { (skip, 0) };
+                    out.push(insn(BPF_JMP_JEQ_K, jt, jf, c.value));
+                }
+                out.push(insn(
+                    BPF_RET_K,
+                    0,
+                    0,
+                    SECCOMP_RET_ERRNO | libc::EPERM as u32,
+                ));
+            }
+            out.extend(emit_action(otherwise)?);
+            Ok(out)
+        }
+    }
+}
+
+/// A binary search over the runs: `JGE first-of-the-upper-half` splits them until one run
+/// is left, whose action is the leaf. A lookup costs about log2(runs) comparisons.
+fn emit_tree(runs: &[(u32, Action)]) -> Result<Vec<BpfInstruction>, SeccompError> {
+    let [(_, only)] = runs else {
+        let mid = runs.len() / 2;
+        let lower = emit_tree(&runs[..mid])?;
+        let upper = emit_tree(&runs[mid..])?;
+        let split = runs[mid].0;
+        let mut out = Vec::with_capacity(lower.len() + upper.len() + 2);
+        match u8::try_from(lower.len()) {
+            Ok(skip) => out.push(insn(BPF_JMP_JGE_K, skip, 0, split)),
+            Err(_) => {
+                // Too far for a conditional jump: hop over an unconditional one.
+                out.push(insn(BPF_JMP_JGE_K, 0, 1, split));
+                let far =
+                    u32::try_from(lower.len()).map_err(|_| SeccompError::TooLong(lower.len()))?;
+                out.push(insn(BPF_JMP_JA, 0, 0, far));
+            }
+        }
+        out.extend(lower);
+        out.extend(upper);
+        return Ok(out);
+    };
+    emit_action(only)
+}
+
+/// Builds the single BPF program for a profile's syscall policy: the prologue that kills
+/// other architectures and x32 numbers, then a binary search on the syscall number.
+pub fn compile_seccomp_program(
+    policy: &SyscallPolicy,
+) -> Result<Vec<BpfInstruction>, SeccompError> {
+    let mut program = vec![
+        // seccomp_data.arch is at offset 4, .nr at offset 0.
+        insn(BPF_LD_W_ABS, 0, 0, 4),
+        insn(BPF_JMP_JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        insn(BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
+        insn(BPF_LD_W_ABS, 0, 0, 0),
+        insn(BPF_JMP_JGE_K, 0, 1, X32_SYSCALL_BIT),
+        insn(BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
+    ];
+    program.extend(emit_tree(&action_runs(policy)?)?);
+    if program.len() > BPF_MAXINSNS {
+        return Err(SeccompError::TooLong(program.len()));
+    }
+    Ok(program)
+}
+
+/// Hex SHA-256 of a program's bytes as the kernel sees them, reported in results.
+pub fn digest_program(program: &[BpfInstruction]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for i in program {
+        hasher.update(i.code.to_le_bytes());
+        hasher.update([i.jt, i.jf]);
+        hasher.update(i.k.to_le_bytes());
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::args::PERSONALITY_ALLOWED;
+    use super::super::interpret::{self, Verdict, evaluate};
+    use super::super::test_support::{ENOSYS, EPERM, default_policy, verdict};
+    use super::super::{SocketFamilies, SyscallPolicy, denied_eperm};
+    use super::*;
+
+    #[test]
+    fn ordinary_syscalls_are_allowed() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        for name in [
+            "read",
+            "write",
+            "openat",
+            "execve",
+            "exit_group",
+            "mmap",
+            "futex",
+        ] {
+            assert_eq!(verdict(&p, name, [0; 6]), Verdict::Allow, "{name}");
+        }
+        // fork-style clone and thread clone stay allowed.
+        assert_eq!(
+            verdict(&p, "clone", [0x11 /* SIGCHLD */, 0, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
+        assert_eq!(
+            verdict(&p, "clone", [0x003d_0f00, 0, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
+    }
+
+    #[test]
+    fn dangerous_syscalls_get_eperm() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        for name in denied_eperm() {
+            assert_eq!(verdict(&p, name, [0; 6]), EPERM, "{name}");
+        }
+    }
+
+    #[test]
+    fn clone3_io_uring_and_unknown_numbers_get_enosys() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        for name in [
+            "clone3",
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+        ] {
+            assert_eq!(verdict(&p, name, [0; 6]), ENOSYS, "{name}");
+        }
+        assert_eq!(evaluate(&p, AUDIT_ARCH_X86_64, 1000, [0; 6]), ENOSYS);
+    }
+
+    #[test]
+    fn wrong_architecture_and_x32_numbers_kill_the_process() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+        assert_eq!(
+            evaluate(&p, AUDIT_ARCH_I386, 20, [0; 6]),
+            Verdict::KillProcess
+        );
+        let x32_getpid = X32_SYSCALL_BIT | 39;
+        assert_eq!(
+            evaluate(&p, AUDIT_ARCH_X86_64, x32_getpid, [0; 6]),
+            Verdict::KillProcess
+        );
+    }
+
+    #[test]
+    fn profile_deny_list_overrides_the_allowlist_with_eperm() {
+        let mut policy = default_policy(SocketFamilies::UnixOnly);
+        policy.deny.insert("mkdir".to_string());
+        let p = compile_seccomp_program(&policy).unwrap();
+        assert_eq!(verdict(&p, "mkdir", [0; 6]), EPERM);
+        assert_eq!(verdict(&p, "rmdir", [0; 6]), Verdict::Allow);
+    }
+
+    /// The policy's meaning, written out plainly: what the program must answer.
+    fn reference(policy: &SyscallPolicy, nr: u32, args: [u64; 6]) -> Verdict {
+        let name = crate::syscalls::SYSCALLS
+            .iter()
+            .find(|(_, n)| *n as u32 == nr)
+            .map(|(name, _)| *name);
+        let Some(name) = name else {
+            return ENOSYS;
+        };
+        if denied_eperm().any(|d| d == name) || policy.deny.contains(name) {
+            return EPERM;
+        }
+        let low = |i: usize| args[i] as u32;
+        let families: &[u32] = match policy.families {
+            SocketFamilies::UnixOnly => &[1],
+            SocketFamilies::UnixAndInet => &[1, 2, 10],
+        };
+        let refused = match name {
+            "clone" => low(0) & 0x7e02_0000 != 0,
+            "ioctl" => low(1) == 0x5412 || low(1) == 0x541c,
+            "socket" => !families.contains(&low(0)) || low(1) & 0xf == 3 || low(1) & 0xf == 10,
+            "socketpair" => !families.contains(&low(0)),
+            "mknod" => matches!(low(1) & 0o170000, 0o020000 | 0o060000),
+            "mknodat" => matches!(low(2) & 0o170000, 0o020000 | 0o060000),
+            "personality" => !PERSONALITY_ALLOWED.contains(&low(0)),
+            _ => false,
+        };
+        if refused {
+            EPERM
+        } else if policy.allow.contains(name) {
+            Verdict::Allow
+        } else {
+            ENOSYS
+        }
+    }
+
+    #[test]
+    fn program_matches_the_reference_model_for_every_syscall_number() {
+        let mut with_deny = default_policy(SocketFamilies::UnixAndInet);
+        with_deny.deny.insert("mkdir".into());
+        with_deny.deny.insert("clone".into());
+        let mut without_ioctl = default_policy(SocketFamilies::UnixOnly);
+        without_ioctl.allow.remove("ioctl");
+        without_ioctl.allow.remove("socket");
+        let argument_sets: Vec<[u64; 6]> = vec![
+            [0; 6],
+            [0x11, 0, 0, 0, 0, 0],
+            [0x1000_0011, 0, 0, 0, 0, 0],
+            [(7 << 32) | 0x4000_0000, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [2, 1, 0, 0, 0, 0],
+            [10, 3, 0, 0, 0, 0],
+            [17, 3, 0, 0, 0, 0],
+            [1, 0x80003, 0, 0, 0, 0],
+            [0, 0x5412, 0, 0, 0, 0],
+            [0, (1 << 40) | 0x541c, 0, 0, 0, 0],
+            [0, 0x5401, 0, 0, 0, 0],
+            [0, 0o020644, 0o060644, 0, 0, 0],
+            [0, 0o010644, 0o100644, 0, 0, 0],
+            [0xffff_ffff, 0, 0, 0, 0, 0],
+            [0x0040_0000, 0, 0, 0, 0, 0],
+            [0x20008, 0, 0, 0, 0, 0],
+        ];
+        for policy in [
+            default_policy(SocketFamilies::UnixOnly),
+            default_policy(SocketFamilies::UnixAndInet),
+            with_deny,
+            without_ioctl,
+        ] {
+            let program = compile_seccomp_program(&policy).unwrap();
+            for nr in 0..1100u32 {
+                for args in &argument_sets {
+                    assert_eq!(
+                        evaluate(&program, AUDIT_ARCH_X86_64, nr, *args),
+                        reference(&policy, nr, *args),
+                        "syscall {nr} args {args:x?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn program_is_compact_and_every_lookup_is_short() {
+        let p = compile_seccomp_program(&default_policy(SocketFamilies::UnixAndInet)).unwrap();
+        // seccompiler's linear chains needed about 1,100 instructions for this profile.
+        assert!(p.len() < 400, "{} instructions", p.len());
+        let longest = (0..600u32)
+            .map(|nr| interpret::steps(&p, AUDIT_ARCH_X86_64, nr, [0; 6]))
+            .max()
+            .unwrap();
+        assert!(longest <= 40, "a lookup took {longest} instructions");
+    }
+
+    #[test]
+    fn program_fits_the_kernel_limit_and_has_a_stable_digest() {
+        let a = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        let b = compile_seccomp_program(&default_policy(SocketFamilies::UnixOnly)).unwrap();
+        assert!(a.len() <= BPF_MAXINSNS);
+        assert_eq!(digest_program(&a), digest_program(&b));
+        assert_eq!(digest_program(&a).len(), 64);
+    }
+}
