@@ -1,18 +1,16 @@
 //! airlock-protocol: the messages the supervisor and a worker exchange, and their framing.
 //!
-//! `spec` is the compiled sandbox a worker builds, `message` the conversation, `conversation`
-//! its order and version handshake, `frame` the length-prefixed framing, and `codec` the only
-//! module that touches bincode (so switching codecs touches one file).
+//! `spec` is the compiled sandbox a worker builds, `message` the conversation (its messages,
+//! their order and the version handshake), `frame` the length-prefixed framing, and `codec`
+//! the only module that touches bincode (so switching codecs touches one file).
 #![forbid(unsafe_code)]
 
 pub mod codec;
-pub mod conversation;
 pub mod frame;
 pub mod message;
 pub mod spec;
 
 pub use codec::{CodecError, MAX_FRAME_BYTES};
-pub use conversation::{Conversation, ConversationError, Phase, check_version};
 pub use frame::{FrameDecoder, FrameError, read_frame, write_frame};
 pub use message::*;
 pub use spec::*;

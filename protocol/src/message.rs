@@ -7,8 +7,9 @@
 //! records, then exactly one `Exited` or `RunFailed`. `Shutdown` ends the conversation and may
 //! be sent at any point. Anything else is a protocol violation.
 //!
-//! [`crate::conversation::Conversation`] enforces this order; [`crate::frame`] carries each
-//! message in one length-prefixed frame.
+//! Each side checks this order as it reads: the supervisor (`airlock`'s `sandbox`) ends a
+//! worker that breaks it, the worker (`airlock-worker`'s `serve`) exits. [`crate::frame`]
+//! carries each message in one length-prefixed frame.
 
 use serde::{Deserialize, Serialize};
 
