@@ -23,17 +23,6 @@ const SIZE_CHECKED_DIRS: &[&str] = &[
     "protocol/src",
 ];
 
-/// Files over [`MAX_LINES`] when the limit was introduced, each waiting to be split. This list
-/// may only shrink: a file that is not on it fails the check once it grows past the limit, and
-/// a file on it fails the check once it is back within the limit (take it off the list then).
-const OVERSIZED_FILES_TO_SPLIT: &[&str] = &[
-    "cli/src/doctor.rs",
-    "cli/src/explain.rs",
-    "supervisor/src/cgroup.rs",
-    "supervisor/src/sandbox.rs",
-    "supervisor/src/spawn.rs",
-];
-
 /// Crates (by directory) whose top-level modules must not import each other.
 const CRATES: &[&str] = &[
     "protocol",
@@ -71,7 +60,7 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// `path` relative to `base`, with `/` separators, for messages and the allowlist.
+/// `path` relative to `base`, with `/` separators, for messages.
 fn relative(base: &Path, path: &Path) -> String {
     let rel = path.strip_prefix(base).unwrap();
     rel.iter()
@@ -81,35 +70,18 @@ fn relative(base: &Path, path: &Path) -> String {
 }
 
 #[test]
-fn source_files_stay_within_the_line_limit_and_the_oversized_list_only_shrinks() {
+fn no_source_file_is_longer_than_the_line_limit() {
     let root = repo_root();
     let mut problems = Vec::new();
-    let mut found = BTreeSet::new();
     for dir in SIZE_CHECKED_DIRS {
         for path in rust_files(&root.join(dir)) {
-            let name = relative(&root, &path);
             let lines = fs::read_to_string(&path).unwrap().lines().count();
-            let listed = OVERSIZED_FILES_TO_SPLIT.contains(&name.as_str());
-            if listed {
-                found.insert(name.clone());
-            }
-            if lines > MAX_LINES && !listed {
+            if lines > MAX_LINES {
+                let name = relative(&root, &path);
                 problems.push(format!(
                     "{name} has {lines} lines, over the limit of {MAX_LINES}: split it by concern"
                 ));
             }
-            if lines <= MAX_LINES && listed {
-                problems.push(format!(
-                    "{name} is down to {lines} lines: take it off OVERSIZED_FILES_TO_SPLIT"
-                ));
-            }
-        }
-    }
-    for listed in OVERSIZED_FILES_TO_SPLIT {
-        if !found.contains(*listed) {
-            problems.push(format!(
-                "{listed} no longer exists: take it off OVERSIZED_FILES_TO_SPLIT"
-            ));
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
