@@ -141,7 +141,7 @@ fn explain_a_policy_file_shows_writes_tcp_rules_syscall_changes_and_warnings() {
 [profiles.net]
 read = ["/usr"]
 write = ["/var/tmp"]
-network = { connect = ["tcp:443"], bind = [] }
+network = { mode = "host", connect = ["tcp:443"], bind = [] }
 syscalls = { allow = ["vmsplice"], deny = ["flock"] }
 limits = { memory = "1GiB", cpu = "10s" }
 require = { landlock = "best_effort" }
@@ -165,7 +165,9 @@ input = { type = "object", properties = { url = { type = "string", pattern = "^h
         "connect to 443, bind to no port",
         "added to the base:    vmsplice",
         "denied by profile:    flock (EPERM)",
-        "AF_UNIX, AF_INET, AF_INET6",
+        "AF_UNIX, AF_INET (stream), AF_INET6 (stream)",
+        "net:host",
+        "UDP sockets refused by the seccomp filter",
         "memory:               1GiB",
         "cpu time:             10s",
         "Landlock:             best effort",
@@ -173,6 +175,39 @@ input = { type = "object", properties = { url = { type = "string", pattern = "^h
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
+}
+
+#[test]
+fn explain_an_egress_profile_shows_its_allowlist() {
+    let file = write_policy(
+        "egress",
+        r#"version = 1
+
+[profiles.web]
+read = ["/usr"]
+network = { allow = ["pypi.org", "*.pythonhosted.org", "[::1]:8080"], allow_addresses = ["127.0.0.1/32"] }
+"#,
+    );
+    let text = stdout_of(&explain(&["--policy", file.path(), "--profile", "web"]));
+    for expected in [
+        "egress through airlock's proxy only",
+        "pypi.org, *.pythonhosted.org, [::1]:8080",
+        "within 127.0.0.1/32",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    let json: serde_json::Value = serde_json::from_str(&stdout_of(&explain(&[
+        "--policy",
+        file.path(),
+        "--profile",
+        "web",
+        "--json",
+    ])))
+    .unwrap();
+    let network = &json["profile"]["network"];
+    assert_eq!(network["mode"], "egress", "{json}");
+    assert_eq!(network["allow"][1], "*.pythonhosted.org", "{json}");
+    assert_eq!(network["allow_addresses"][0], "127.0.0.1/32", "{json}");
 }
 
 #[test]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use airlock_protocol::{LandlockSpec, MountOp, NetworkMode, Rlimits, SandboxSpec, SeccompSpec};
 use serde_json::Value;
 
+use crate::egress::EgressPolicy;
 use crate::schema::{CompiledSchema, SchemaError, compile_schema};
 use crate::seccomp::{SeccompError, compile_seccomp_program, digest_program};
 use crate::validated::{
@@ -84,6 +85,8 @@ pub struct CompiledProfile {
     pub limits: Limits,
     /// How hard each layer is required.
     pub require: Requirements,
+    /// The egress proxy's allowlist, for a profile whose network is `allow = [...]`.
+    pub egress: Option<Arc<EgressPolicy>>,
 }
 
 /// A compiled tool.
@@ -202,8 +205,11 @@ pub fn plan_landlock(profile: &Profile) -> LandlockSpec {
     write.push("/dev".to_string());
     let (tcp_connect, tcp_bind, restrict_tcp) = match &profile.network {
         // No interface but the namespace's own: nothing for Landlock to narrow.
-        Network::None | Network::Loopback => (Vec::new(), Vec::new(), false),
-        Network::Tcp { connect, bind } => (connect.clone(), bind.clone(), true),
+        Network::None | Network::Loopback | Network::Egress(_) => (Vec::new(), Vec::new(), false),
+        Network::Host { tcp: None, .. } => (Vec::new(), Vec::new(), false),
+        Network::Host {
+            tcp: Some(ports), ..
+        } => (ports.connect.clone(), ports.bind.clone(), true),
     };
     LandlockSpec {
         requirement: profile.require.landlock,
@@ -213,6 +219,40 @@ pub fn plan_landlock(profile: &Profile) -> LandlockSpec {
         tcp_connect,
         restrict_tcp,
     }
+}
+
+/// The port the egress proxy listens on inside a worker's own network namespace (any
+/// port does: the namespace holds nothing else; this is the one proxies conventionally use).
+pub const EGRESS_PORT: u16 = 3128;
+
+/// The variables that point HTTP, HTTPS and SOCKS clients at the egress proxy, in the
+/// spellings curl, pip, git, python and most other clients read.
+pub const EGRESS_PROXY_VARIABLES: [&str; 6] = [
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// The tools' environment: the profile's, and with the egress proxy the variables pointing
+/// at it (replacing any the profile set: they are the only way out).
+fn environment(profile: &Profile) -> Vec<(String, String)> {
+    let mut env = profile.env.clone();
+    if matches!(profile.network, Network::Egress(_)) {
+        env.retain(|(name, _)| !EGRESS_PROXY_VARIABLES.contains(&name.as_str()));
+        for name in EGRESS_PROXY_VARIABLES {
+            // SOCKS5 with the proxy resolving names (socks5h): no DNS inside the sandbox.
+            let url = if name.eq_ignore_ascii_case("ALL_PROXY") {
+                format!("socks5h://127.0.0.1:{EGRESS_PORT}")
+            } else {
+                format!("http://127.0.0.1:{EGRESS_PORT}")
+            };
+            env.push((name.to_string(), url));
+        }
+    }
+    env
 }
 
 /// Compiles one profile.
@@ -228,10 +268,11 @@ pub fn compile_profile(profile: &Profile) -> Result<CompiledProfile, CompileErro
         hostname: profile.hostname.clone(),
         mounts: plan_mounts(profile),
         root: airlock_protocol::RootSource::Build,
+        egress_port: matches!(profile.network, Network::Egress(_)).then_some(EGRESS_PORT),
         network: match profile.network {
             Network::None => NetworkMode::None,
-            Network::Loopback => NetworkMode::Loopback,
-            Network::Tcp { .. } => NetworkMode::Host,
+            Network::Loopback | Network::Egress(_) => NetworkMode::Loopback,
+            Network::Host { .. } => NetworkMode::Host,
         },
         rlimits: Rlimits {
             open_files: profile.limits.open_files,
@@ -244,14 +285,19 @@ pub fn compile_profile(profile: &Profile) -> Result<CompiledProfile, CompileErro
             program,
             digest,
         },
-        env: profile.env.clone(),
+        env: environment(profile),
         cwd: profile.cwd.clone(),
+    };
+    let egress = match &profile.network {
+        Network::Egress(policy) => Some(Arc::new(policy.clone())),
+        _ => None,
     };
     Ok(CompiledProfile {
         name: profile.name.clone(),
         spec,
         limits: profile.limits,
         require: profile.require,
+        egress,
     })
 }
 

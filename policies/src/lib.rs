@@ -9,6 +9,7 @@
 pub mod builtin;
 pub mod compile;
 pub mod diagnostic;
+pub mod egress;
 pub mod model;
 pub mod presets;
 pub mod rules;

@@ -152,26 +152,39 @@ pub struct ProfileFile {
     pub proc: Option<Spanned<String>>,
 }
 
-/// The `network` key: a mode name or TCP rules.
+/// The `network` key: a mode name or a table.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum NetworkFile {
-    /// `"none"` or `"loopback"` (validated later).
+    /// `"none"`, `"loopback"` or `"host"` (validated later).
     Mode(String),
-    /// Host network narrowed to these TCP ports.
+    /// The egress allowlist, or the host network with its options.
     Rules(NetworkRulesFile),
 }
 
-/// Host network narrowed by Landlock TCP rules.
+/// The `network` table: `allow` (and `allow_addresses`) for the egress proxy, or
+/// `mode = "host"` with its TCP ports and UDP switch.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkRulesFile {
-    /// `"tcp:PORT"` entries the sandbox may connect to.
+    /// `"host"`; the only mode a table may name (the egress proxy needs none).
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// `"host[:port]"` destinations the egress proxy lets through.
+    #[serde(default)]
+    pub allow: Option<Vec<String>>,
+    /// Networks (CIDR) of non-public addresses the egress proxy may connect to.
+    #[serde(default)]
+    pub allow_addresses: Vec<String>,
+    /// Host mode: `"tcp:PORT"` entries the sandbox may connect to.
     #[serde(default)]
     pub connect: Vec<String>,
-    /// `"tcp:PORT"` entries the sandbox may bind.
+    /// Host mode: `"tcp:PORT"` entries the sandbox may bind.
     #[serde(default)]
     pub bind: Vec<String>,
+    /// Host mode: allow UDP sockets (refused by default).
+    #[serde(default)]
+    pub udp: Option<bool>,
 }
 
 /// The `syscalls` table.

@@ -54,6 +54,9 @@ pub enum SocketFamilies {
     UnixOnly,
     /// `AF_UNIX`, `AF_INET`, `AF_INET6`.
     UnixAndInet,
+    /// `AF_UNIX`, and `AF_INET`/`AF_INET6` stream sockets only: no UDP out of a host
+    /// network.
+    UnixAndInetStreams,
 }
 
 /// The syscall policy of one profile, after validation.

@@ -29,7 +29,7 @@ mod tool;
 // The validated types, under the paths callers have always used (`validate::Tool`, ...).
 pub use crate::validated::{
     Approval, ArgTemplate, Limits, Network, PERMISSIONS, PathGrant, ProcView, Profile,
-    Requirements, SideEffect, StdinSource, Tool, ToolState, ValidatedPolicy,
+    Requirements, SideEffect, StdinSource, TcpPorts, Tool, ToolState, ValidatedPolicy,
 };
 
 use gate::check_gate;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::builtin::Builtin;
+use crate::egress::EgressPolicy;
 use crate::seccomp::SyscallPolicy;
 
 /// A validated policy: plain values, every reference resolved.
@@ -45,13 +46,25 @@ pub enum Network {
     None,
     /// A fresh network namespace with loopback up.
     Loopback,
-    /// The host network, TCP narrowed to these ports by Landlock.
-    Tcp {
-        /// Ports the sandbox may connect to.
-        connect: Vec<u16>,
-        /// Ports the sandbox may bind.
-        bind: Vec<u16>,
+    /// The host's own network (`"host"`, or `{ mode = "host", ... }`).
+    Host {
+        /// TCP narrowed by Landlock to these ports; `None` leaves TCP as the host has it.
+        tcp: Option<TcpPorts>,
+        /// UDP sockets allowed (refused by the seccomp filter otherwise).
+        udp: bool,
     },
+    /// A fresh network namespace with loopback up, whose only way out is the supervisor's
+    /// egress proxy, deciding every connection by this policy.
+    Egress(EgressPolicy),
+}
+
+/// TCP ports Landlock lets a host-network sandbox use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpPorts {
+    /// Ports the sandbox may connect to.
+    pub connect: Vec<u16>,
+    /// Ports the sandbox may bind.
+    pub bind: Vec<u16>,
 }
 
 /// How much of its fresh `/proc` a sandbox sees.

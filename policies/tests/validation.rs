@@ -207,11 +207,12 @@ fn unknown_or_never_allowed_syscalls_are_errors() {
 #[test]
 fn risky_grants_are_warnings_not_errors() {
     let found = warnings(
-        "version = 1\n[profiles.default]\nwrite = [\"/\"]\nnetwork = { connect = [] }\nrequire = { landlock = \"best_effort\" }\n",
+        "version = 1\n[profiles.default]\nwrite = [\"/\"]\nnetwork = \"host\"\nrequire = { landlock = \"best_effort\" }\n",
     );
     assert_eq!(found.len(), 3, "{found:?}");
     assert!(found[0].contains("write path \"/\" lets tools change the host system"));
-    assert!(found[1].contains("network is enabled with no rules"));
+    assert!(found[1].contains("shares the host's network"), "{found:?}");
+    assert!(found[1].contains("no TCP port is filtered"), "{found:?}");
     assert!(found[2].contains("landlock is best_effort"));
     let found = warnings("version = 1\n[profiles.default]\nread = [\"/sys\"]\n");
     assert!(found[0].contains("exposes host kernel state"));
@@ -238,7 +239,7 @@ fn a_mount_inside_a_writable_path_is_a_warning() {
 #[test]
 fn bad_network_rules_and_requirements_are_errors() {
     let found = errors(
-        "version = 1\n[profiles.default]\nnetwork = { connect = [\"udp:53\", \"tcp:0\", \"tcp:443\"] }\nrequire = { seccomp = \"maybe\" }\n",
+        "version = 1\n[profiles.default]\nnetwork = { mode = \"host\", connect = [\"udp:53\", \"tcp:0\", \"tcp:443\"] }\nrequire = { seccomp = \"maybe\" }\n",
     );
     assert_eq!(found.len(), 3, "{found:?}");
     let found = errors("version = 1\n[profiles.default]\nnetwork = \"everything\"\n");
@@ -523,4 +524,116 @@ fn proc_is_masked_unless_a_profile_opts_into_the_full_view() {
         errors("version = 1\n[profiles.default]\nproc = \"none\"\n"),
         vec!["p.toml:3:8: error: proc must be \"masked\" or \"full\", not \"none\""]
     );
+}
+
+fn profile_with_network(network: &str) -> String {
+    format!("version = 1\n[profiles.default]\nread = [\"/usr\"]\nnetwork = {network}\n")
+}
+
+#[test]
+fn every_bad_egress_entry_is_its_own_located_error() {
+    let found = errors(&profile_with_network(
+        r#"{ allow = ["pypi.org", "exa mple.com", "api.github.com:0", "*.", "[::1"], allow_addresses = ["127.0.0.1/32", "10.0.0.1/8", "300.0.0.0/8"] }"#,
+    ));
+    assert_eq!(found.len(), 6, "{found:?}");
+    for (error, entry) in found.iter().zip([
+        "exa mple.com",
+        "api.github.com:0",
+        "*.",
+        "[::1",
+        "10.0.0.1/8",
+        "300.0.0.0/8",
+    ]) {
+        assert!(error.starts_with("p.toml:4:11: error: network."), "{error}");
+        assert!(
+            error.contains(&format!("{entry:?}")),
+            "{error} should name {entry}"
+        );
+    }
+}
+
+#[test]
+fn a_network_table_says_which_network_it_means() {
+    let neither = errors(&profile_with_network(r#"{ connect = ["tcp:443"] }"#));
+    assert_eq!(neither.len(), 1, "{neither:?}");
+    assert!(neither[0].contains("mode = \"host\""), "{neither:?}");
+    let both = errors(&profile_with_network(
+        r#"{ mode = "host", allow = ["pypi.org"] }"#,
+    ));
+    assert!(both[0].contains("exclude each other"), "{both:?}");
+    let mixed = errors(&profile_with_network(
+        r#"{ allow = ["pypi.org"], connect = ["tcp:443"] }"#,
+    ));
+    assert!(mixed[0].contains("belong to mode = \"host\""), "{mixed:?}");
+    let addresses_on_host = errors(&profile_with_network(
+        r#"{ mode = "host", allow_addresses = ["10.0.0.0/8"] }"#,
+    ));
+    assert!(
+        addresses_on_host[0].contains("egress proxy"),
+        "{addresses_on_host:?}"
+    );
+    let other_mode = errors(&profile_with_network(r#"{ mode = "loopback" }"#));
+    assert!(other_mode[0].contains("must be \"host\""), "{other_mode:?}");
+}
+
+#[test]
+fn an_egress_profile_gets_its_own_namespace_a_listener_and_the_proxy_variables() {
+    let text = format!(
+        "{}env = {{ PATH = \"/usr/bin\", HTTPS_PROXY = \"http://attacker:1\" }}\n",
+        profile_with_network(r#"{ allow = ["pypi.org", "*.pythonhosted.org"] }"#)
+    );
+    let loaded = load_policy_str(&text, "p.toml").unwrap();
+    let profile = &loaded.policy.profiles["default"];
+    assert_eq!(
+        profile.spec.network,
+        airlock_protocol::NetworkMode::Loopback
+    );
+    assert_eq!(
+        profile.spec.egress_port,
+        Some(airlock_policy::compile::EGRESS_PORT)
+    );
+    let egress = profile.egress.as_ref().expect("an allowlist");
+    assert_eq!(egress.hosts().len(), 2);
+    let env = &profile.spec.env;
+    let value = |name: &str| {
+        let found: Vec<&String> = env
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(found.len(), 1, "{name} set once: {env:?}");
+        found[0].clone()
+    };
+    let http = format!("http://127.0.0.1:{}", airlock_policy::compile::EGRESS_PORT);
+    assert_eq!(
+        value("HTTPS_PROXY"),
+        http,
+        "the profile's own proxy is replaced"
+    );
+    assert_eq!(value("http_proxy"), http);
+    assert!(value("ALL_PROXY").starts_with("socks5h://127.0.0.1:"));
+    assert_eq!(value("PATH"), "/usr/bin");
+}
+
+#[test]
+fn a_host_network_refuses_udp_unless_the_profile_allows_it() {
+    use airlock_policy::seccomp::SocketFamilies;
+    let families = |network: &str| {
+        let text = profile_with_network(network);
+        let file = airlock_policy::parse_policy_str(&text, "p.toml").unwrap();
+        let source = airlock_policy::diagnostic::Source::new("p.toml", &text);
+        let (validated, _) = airlock_policy::validate::validate_policy(&file, source).unwrap();
+        validated.profiles["default"].syscalls.families
+    };
+    assert_eq!(families("\"host\""), SocketFamilies::UnixAndInetStreams);
+    assert_eq!(
+        families(r#"{ mode = "host", connect = ["tcp:443"] }"#),
+        SocketFamilies::UnixAndInetStreams
+    );
+    assert_eq!(
+        families(r#"{ mode = "host", udp = true }"#),
+        SocketFamilies::UnixAndInet
+    );
+    assert_eq!(families(r#"{ allow = [] }"#), SocketFamilies::UnixAndInet);
+    assert_eq!(families("\"none\""), SocketFamilies::UnixOnly);
 }

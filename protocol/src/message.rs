@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::spec::SandboxSpec;
 
 /// Version of this protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Messages sent by the (trusted) supervisor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

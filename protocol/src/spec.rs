@@ -30,6 +30,11 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     /// Working directory of tool processes, inside the sandbox.
     pub cwd: String,
+    /// With [`NetworkMode::Loopback`]: the worker listens on `127.0.0.1:<port>` in its own
+    /// network namespace before confining itself and passes the listening socket to the
+    /// supervisor with `Ready`; the supervisor's egress proxy accepts on it. The tools'
+    /// only way out of that namespace.
+    pub egress_port: Option<u16>,
 }
 
 /// Where a worker's root filesystem comes from.

@@ -39,6 +39,30 @@ pub enum EventKind {
     /// An approval was rejected.
     #[serde(rename = "approval.rejected")]
     ApprovalRejected,
+    /// The egress proxy let a connection through (`network` says where, by which rule,
+    /// and how many bytes went each way).
+    #[serde(rename = "network.allowed")]
+    NetworkAllowed,
+    /// The egress proxy refused a connection (`network` says where and why).
+    #[serde(rename = "network.denied")]
+    NetworkDenied,
+}
+
+/// One egress connection, for `network.*` events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetworkRecord {
+    /// The host as the tool asked for it.
+    pub host: String,
+    /// The port as asked.
+    pub port: u16,
+    /// The address connected to (or refused).
+    pub address: Option<String>,
+    /// The rule that let it through, or why it was refused.
+    pub rule: String,
+    /// Bytes sent upstream.
+    pub bytes_up: u64,
+    /// Bytes received from upstream.
+    pub bytes_down: u64,
 }
 
 /// Isolation in brief, for audit records.
@@ -92,6 +116,9 @@ pub struct Event {
     /// Sanitised arguments, only with `audit.include_input = true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input: Option<String>,
+    /// The connection of a `network.*` event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRecord>,
 }
 
 impl Event {
@@ -115,7 +142,33 @@ impl Event {
             attempts: None,
             isolation: None,
             input: None,
+            network: None,
         }
+    }
+
+    /// The `network.allowed` or `network.denied` event of one egress connection. Host and
+    /// reason come from the tool's request: sanitised like every other text from it.
+    pub fn network(
+        call_id: &str,
+        session: Option<&str>,
+        tool: &str,
+        connection: &crate::egress::EgressEvent,
+    ) -> Self {
+        let kind = if connection.allowed {
+            EventKind::NetworkAllowed
+        } else {
+            EventKind::NetworkDenied
+        };
+        let mut event = Self::new(kind, call_id, session, tool);
+        event.network = Some(NetworkRecord {
+            host: sanitize(&connection.host),
+            port: connection.port,
+            address: connection.address.map(|a| a.to_string()),
+            rule: sanitize(&connection.rule_or_reason),
+            bytes_up: connection.bytes_up,
+            bytes_down: connection.bytes_down,
+        });
+        event
     }
 
     /// Adds the outcome fields of a result.

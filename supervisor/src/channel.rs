@@ -4,10 +4,14 @@
 //! bodies, trailing bytes and log floods end the conversation as a protocol violation; the
 //! buffer never grows beyond one maximum-size frame.
 
+use std::os::fd::OwnedFd;
+
 use airlock_protocol::frame::encode_frame;
 use airlock_protocol::{FrameDecoder, SupervisorMessage, WorkerMessage};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
+
+use crate::sys;
 
 /// Why the conversation with a worker broke down.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +30,9 @@ pub enum ChannelError {
 /// Most log records a worker may send in one conversation.
 const MAX_LOG_RECORDS: usize = 256;
 
+/// Most descriptors a worker may pass in one conversation: its egress listener.
+const MAX_PASSED_DESCRIPTORS: usize = 1;
+
 /// One worker's protocol socket.
 #[derive(Debug)]
 pub struct WorkerChannel {
@@ -33,6 +40,8 @@ pub struct WorkerChannel {
     decoder: FrameDecoder,
     pending: Vec<u8>,
     logs: usize,
+    /// Descriptors the worker passed (`SCM_RIGHTS`), oldest first.
+    passed: Vec<OwnedFd>,
 }
 
 impl WorkerChannel {
@@ -43,6 +52,7 @@ impl WorkerChannel {
             decoder: FrameDecoder::with_max_frame_bytes(max_frame_bytes),
             pending: Vec::new(),
             logs: 0,
+            passed: Vec::new(),
         }
     }
 
@@ -80,6 +90,11 @@ impl WorkerChannel {
         }
     }
 
+    /// The oldest descriptor the worker passed and nobody took yet.
+    pub fn take_passed_descriptor(&mut self) -> Option<OwnedFd> {
+        (!self.passed.is_empty()).then(|| self.passed.remove(0))
+    }
+
     async fn receive_any(&mut self) -> Result<WorkerMessage, ChannelError> {
         loop {
             if !self.pending.is_empty() {
@@ -94,7 +109,29 @@ impl WorkerChannel {
                 }
             }
             let mut buffer = [0u8; 64 * 1024];
-            let n = self.stream.read(&mut buffer).await?;
+            // recvmsg rather than read: a descriptor the worker passes arrives with the
+            // bytes it was sent with, and a plain read would drop it on the floor.
+            let received = loop {
+                self.stream.readable().await?;
+                match self.stream.try_io(Interest::READABLE, || {
+                    sys::receive_with_descriptors(&self.stream, &mut buffer)
+                }) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    other => break other?,
+                }
+            };
+            if received.truncated {
+                return Err(ChannelError::Violation(
+                    "the worker passed more descriptors than one message may carry".into(),
+                ));
+            }
+            self.passed.extend(received.descriptors);
+            if self.passed.len() > MAX_PASSED_DESCRIPTORS {
+                return Err(ChannelError::Violation(
+                    "the worker passed more descriptors than it may".into(),
+                ));
+            }
+            let n = received.bytes;
             if n == 0 {
                 return match self.decoder.end_of_stream() {
                     Ok(()) => Err(ChannelError::Closed),

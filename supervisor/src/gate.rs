@@ -599,7 +599,14 @@ impl Gate {
                 inherit_stdio: None,
                 builtin: tool.tool.builtin.map(|b| b.name().to_string()),
             };
-            let mut result = self.supervisor.run(run, opts.cancel.as_ref()).await;
+            let mut result = crate::egress_audit::run_audited(
+                &self.supervisor,
+                run,
+                opts.cancel.as_ref(),
+                opts.session.as_deref(),
+                |event| self.emit(event),
+            )
+            .await;
             result.attempts = attempts;
             crate::call::check_output(tool, &mut result);
             match &result.error {

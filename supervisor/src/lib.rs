@@ -47,6 +47,8 @@ pub mod cancel;
 pub mod cgroup;
 mod channel;
 pub mod daemon;
+pub mod egress;
+mod egress_audit;
 pub mod gate;
 pub mod listing;
 pub mod pool;

@@ -4,6 +4,8 @@
 use airlock_policy::validate::ToolState;
 use serde::Serialize;
 
+use crate::egress::EgressSummary;
+
 /// What kind of failure a call ended in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -216,6 +218,8 @@ pub struct ToolResult {
     /// Isolation applied; none for a call that never got a worker (refused, cancelled or
     /// out of time before one was made), rather than numbers pretending otherwise.
     pub isolation: Option<Isolation>,
+    /// What the egress proxy let through and refused, for a profile with an allowlist.
+    pub network: Option<EgressSummary>,
 }
 
 impl ToolResult {
@@ -237,6 +241,7 @@ impl ToolResult {
             attempts: 0,
             usage: Usage::default(),
             isolation: None,
+            network: None,
         }
     }
 
@@ -283,6 +288,11 @@ mod tests {
 
     /// Every key of `value`'s objects, as `path.key`, sorted.
     fn keys(value: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        if let serde_json::Value::Array(items) = value {
+            for item in items {
+                keys(item, &format!("{path}[]"), out);
+            }
+        }
         if let serde_json::Value::Object(map) = value {
             for (key, child) in map {
                 let at = if path.is_empty() {
@@ -318,10 +328,26 @@ mod tests {
             },
         );
         result.isolation = Some(Isolation::default());
+        result.network = Some(crate::egress::EgressSummary {
+            events: vec![crate::egress::EgressEvent {
+                kind: crate::egress::proxy::EgressKind::Connect,
+                host: "example.com".into(),
+                port: 443,
+                address: Some(([192, 0, 2, 1], 443).into()),
+                allowed: true,
+                rule_or_reason: "example.com".into(),
+                bytes_up: 1,
+                bytes_down: 2,
+                end: Some(crate::egress::proxy::TunnelEnd::Closed),
+                error: Some("reset".into()),
+            }],
+            ..Default::default()
+        });
         let json = serde_json::to_value(&result).expect("serialises");
         let mut found = Vec::new();
         keys(&json, "", &mut found);
         found.sort();
+        found.dedup();
         let expected = [
             "attempts",
             "call_id",
@@ -336,6 +362,9 @@ mod tests {
             "error.syscall",
             "error.timeout_ms",
             "error.violations",
+            "error.violations[].keyword",
+            "error.violations[].message",
+            "error.violations[].path",
             "exit_code",
             "isolation",
             "isolation.backend",
@@ -349,6 +378,24 @@ mod tests {
             "isolation.limits.timeout_ms",
             "isolation.namespaces",
             "isolation.seccomp",
+            "network",
+            "network.bytes_down",
+            "network.bytes_up",
+            "network.connections",
+            "network.events",
+            "network.events[].address",
+            "network.events[].allowed",
+            "network.events[].bytes_down",
+            "network.events[].bytes_up",
+            "network.events[].end",
+            "network.events[].error",
+            "network.events[].host",
+            "network.events[].kind",
+            "network.events[].port",
+            "network.events[].rule_or_reason",
+            "network.events_omitted",
+            "network.failed",
+            "network.refused",
             "ok",
             "output",
             "signal",

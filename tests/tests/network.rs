@@ -57,7 +57,7 @@ fn host_network_is_narrowed_to_the_allowed_tcp_ports() {
     let base = test_policy(&[], &timeout(), "none");
     let policy_text = base.replace(
         "network = \"none\"",
-        &format!("network = {{ connect = [\"tcp:{a}\"] }}"),
+        &format!("network = {{ mode = \"host\", connect = [\"tcp:{a}\"] }}"),
     );
     let policy = scratch.write("p.toml", &policy_text);
     let result = exec_json(
@@ -90,13 +90,9 @@ fn host_network_is_narrowed_to_the_allowed_tcp_ports() {
         format!("{a} connected\n{d} errno 13\n"),
         "{result}"
     );
-    assert!(
-        !result["isolation"]["namespaces"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|n| n == "net")
-    );
+    let namespaces = result["isolation"]["namespaces"].as_array().unwrap();
+    assert!(!namespaces.iter().any(|n| n == "net"), "{result}");
+    assert!(namespaces.iter().any(|n| n == "net:host"), "{result}");
 }
 
 /// The landlock ABI of this kernel (0 without Landlock).

@@ -77,6 +77,17 @@ pub enum ConfineError {
     /// Bringing the loopback interface up failed.
     #[error("{0}")]
     LoopbackUp(std::io::Error),
+    /// An egress port without a namespace of our own with loopback up.
+    #[error("an egress listener needs the loopback network mode")]
+    EgressNeedsLoopback,
+    /// Listening on the egress port failed.
+    #[error("cannot listen on 127.0.0.1:{port} for the egress proxy: {source}")]
+    EgressListen {
+        /// The port.
+        port: u16,
+        /// Why.
+        source: std::io::Error,
+    },
     /// setrlimit failed.
     #[error("{resource}: {errno}")]
     SetRlimit {
@@ -143,7 +154,9 @@ impl ConfineError {
             Self::NewSession(_) => "session",
             Self::Mount(_) => "mount",
             Self::SetHostname(_) => "hostname",
-            Self::LoopbackUp(_) => "network",
+            Self::LoopbackUp(_) | Self::EgressNeedsLoopback | Self::EgressListen { .. } => {
+                "network"
+            }
             Self::SetRlimit { .. } => "rlimits",
             Self::NegativeSocketFd | Self::CloseDescriptors(_) => "descriptors",
             Self::SetNotDumpable(_) => "dumpable",
@@ -161,6 +174,7 @@ impl ConfineError {
         match self {
             Self::NewSession(e)
             | Self::LoopbackUp(e)
+            | Self::EgressListen { source: e, .. }
             | Self::CloseDescriptors(e)
             | Self::DropBoundingSet(e)
             | Self::Seccomp(e) => e.raw_os_error(),
@@ -170,6 +184,7 @@ impl ConfineError {
             | Self::SetNoNewPrivs(errno) => Some(*errno as i32),
             Self::Mount(e) => e.errno(),
             Self::NotPidOne
+            | Self::EgressNeedsLoopback
             | Self::NegativeSocketFd
             | Self::ClearCapabilities { .. }
             | Self::Landlock(_)
@@ -208,13 +223,23 @@ impl From<ConfineError> for SetupFailure {
     }
 }
 
+/// A confined worker: what it applied, and the egress listener it made for the supervisor
+/// (to pass on with `Ready`, then close).
+#[derive(Debug)]
+pub struct Confined {
+    /// The isolation applied.
+    pub applied: AppliedIsolation,
+    /// Listening on `127.0.0.1:<spec.egress_port>` in the worker's network namespace.
+    pub egress_listener: Option<std::net::TcpListener>,
+}
+
 /// Confines the calling worker process according to `spec`. `keep_fd` is the protocol
 /// socket; stdio (0, 1, 2) is kept for the tool.
 pub fn confine_worker(
     spec: &SandboxSpec,
     keep_fd: RawFd,
     timings: &mut StepTimings,
-) -> Result<AppliedIsolation, ConfineError> {
+) -> Result<Confined, ConfineError> {
     // 1. Sanity: PID 1 of our own pid namespace, or killing us would not kill the tool tree.
     if std::process::id() != 1 {
         return Err(ConfineError::NotPidOne);
@@ -279,6 +304,19 @@ pub fn confine_worker(
     close_inherited_descriptors(keep_fd)?;
 
     timings.mark("descriptors");
+    // 6b. Egress: the listener the supervisor's proxy accepts on, made after the inherited
+    //     descriptors are gone and before Landlock and seccomp, which may refuse binding.
+    //     The only way out of this namespace; the worker hands it over and closes it.
+    let egress_listener = match spec.egress_port {
+        Some(_) if spec.network != NetworkMode::Loopback => {
+            return Err(ConfineError::EgressNeedsLoopback);
+        }
+        Some(port) => Some(
+            std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port))
+                .map_err(|source| ConfineError::EgressListen { port, source })?,
+        ),
+        None => None,
+    };
     // 7. Not dumpable: tools in the sandbox cannot ptrace or read /proc/1/mem of the worker
     //    that holds the protocol socket (runc CVE-2016-9962 pattern).
     nix::sys::prctl::set_dumpable(false).map_err(ConfineError::SetNotDumpable)?;
@@ -337,18 +375,22 @@ pub fn confine_worker(
     }
 
     timings.mark("seccomp");
-    Ok(AppliedIsolation {
+    let applied = AppliedIsolation {
         namespaces: NAMESPACES
             .iter()
-            .filter_map(|ns| match (spec.network, *ns) {
-                (NetworkMode::Host, "net") => None,
-                (NetworkMode::NoneShared, "net") => Some("net:shared".to_string()),
-                _ => Some(ns.to_string()),
+            .map(|ns| match (spec.network, *ns) {
+                (NetworkMode::Host, "net") => "net:host".to_string(),
+                (NetworkMode::NoneShared, "net") => "net:shared".to_string(),
+                _ => ns.to_string(),
             })
             .collect(),
         landlock_abi: landlock.abi,
         landlock_fully_enforced: landlock.fully_enforced,
         seccomp_installed,
+    };
+    Ok(Confined {
+        applied,
+        egress_listener,
     })
 }
 

@@ -46,6 +46,35 @@ fn send_after_log(stream: &mut UnixStream, log: String, message: &WorkerMessage)
     stream.write_all(&frames).is_ok()
 }
 
+/// Sends `message` with `descriptor` attached (`SCM_RIGHTS`) in one `sendmsg`: the
+/// supervisor receives the descriptor with the message's first bytes.
+fn send_with_descriptor(
+    stream: &UnixStream,
+    message: &WorkerMessage,
+    descriptor: &impl std::os::fd::AsRawFd,
+) -> bool {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    use std::os::fd::AsRawFd;
+    let Ok(frame) = encode_frame(message) else {
+        return false;
+    };
+    let fds = [descriptor.as_raw_fd()];
+    let control = [ControlMessage::ScmRights(&fds)];
+    let mut sent = 0;
+    while sent < frame.len() {
+        let iov = [std::io::IoSlice::new(&frame[sent..])];
+        // The descriptor rides on the first part only.
+        let control: &[ControlMessage] = if sent == 0 { &control } else { &[] };
+        match sendmsg::<()>(stream.as_raw_fd(), &iov, control, MsgFlags::empty(), None) {
+            Ok(0) => return false,
+            Ok(n) => sent += n,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
 fn receive(stream: &mut UnixStream) -> Option<SupervisorMessage> {
     read_frame(stream).ok().flatten()
 }
@@ -142,9 +171,17 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
     let mut timings = StepTimings::default();
     let mut stack = None;
     match confine_worker(&spec, fd, &mut timings) {
-        Ok(applied) => {
+        Ok(confined) => {
             let steps = format!("confinement steps: {}", timings.summary());
-            if !send_after_log(&mut stream, steps, &WorkerMessage::Ready(applied)) {
+            let ready = WorkerMessage::Ready(confined.applied);
+            let sent = match &confined.egress_listener {
+                Some(listener) => send_with_descriptor(&stream, &ready, listener),
+                None => send_after_log(&mut stream, steps, &ready),
+            };
+            // Ours closes here: from now on only the supervisor holds the listener, and no
+            // tool we start can accept on it.
+            drop(confined.egress_listener);
+            if !sent {
                 return exit_code::PROTOCOL;
             }
             rehearse_while_idle(&stream, &mut stack);

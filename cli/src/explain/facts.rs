@@ -108,11 +108,18 @@ pub(super) struct TmpfsFacts {
 
 #[derive(Debug, Serialize)]
 pub(super) struct NetworkFacts {
-    /// `none` | `loopback` | `tcp`.
+    /// `none` | `loopback` | `egress` | `host`.
     pub(super) mode: &'static str,
     pub(super) summary: String,
-    pub(super) tcp_connect: Vec<u16>,
-    pub(super) tcp_bind: Vec<u16>,
+    /// Host mode: TCP narrowed by Landlock to these ports (`None`: not narrowed).
+    pub(super) tcp_connect: Option<Vec<u16>>,
+    pub(super) tcp_bind: Option<Vec<u16>>,
+    /// Host mode: UDP sockets allowed.
+    pub(super) udp: bool,
+    /// Egress mode: the destinations the proxy lets through.
+    pub(super) allow: Vec<String>,
+    /// Egress mode: the networks of non-public addresses it may connect to.
+    pub(super) allow_addresses: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]

@@ -98,7 +98,14 @@ pub(super) fn describe_profile(profile: &Profile) -> ProfileFacts {
                 hidden: Vec::new(),
             },
         },
-        namespaces: NAMESPACES.to_vec(),
+        namespaces: NAMESPACES
+            .iter()
+            .map(|ns| match (ns, &profile.network) {
+                // Not a namespace of its own: said so, as the result record says it.
+                (&"net", Network::Host { .. }) => "net:host",
+                _ => ns,
+            })
+            .collect(),
         require: RequireFacts {
             landlock: requirement_word(profile.require.landlock),
             seccomp: requirement_word(profile.require.seccomp),
@@ -119,37 +126,82 @@ fn ports(list: &[u16]) -> String {
 }
 
 fn describe_network(network: &Network) -> NetworkFacts {
+    let facts = |mode, summary: String| NetworkFacts {
+        mode,
+        summary,
+        tcp_connect: None,
+        tcp_bind: None,
+        udp: false,
+        allow: Vec::new(),
+        allow_addresses: Vec::new(),
+    };
     match network {
-        Network::None => NetworkFacts {
-            mode: "none",
-            summary: "no network: only AF_UNIX sockets, in a network namespace with no \
-                      interface up (a root supervisor on a kernel that scopes abstract \
-                      unix sockets to each worker, Landlock ABI 6, shares one empty \
-                      namespace between workers; elsewhere each gets a fresh one)"
+        Network::None => facts(
+            "none",
+            "no network: only AF_UNIX sockets, in a network namespace with no \
+             interface up (a root supervisor on a kernel that scopes abstract \
+             unix sockets to each worker, Landlock ABI 6, shares one empty \
+             namespace between workers; elsewhere each gets a fresh one)"
                 .into(),
-            tcp_connect: Vec::new(),
-            tcp_bind: Vec::new(),
-        },
-        Network::Loopback => NetworkFacts {
-            mode: "loopback",
-            summary: "loopback only: a fresh network namespace with just `lo` up (the \
-                      sandbox can talk to itself, not to the host or the internet)"
+        ),
+        Network::Loopback => facts(
+            "loopback",
+            "loopback only: a fresh network namespace with just `lo` up (the \
+             sandbox can talk to itself, not to the host or the internet)"
                 .into(),
-            tcp_connect: Vec::new(),
-            tcp_bind: Vec::new(),
-        },
-        Network::Tcp { connect, bind } => NetworkFacts {
-            mode: "tcp",
-            summary: format!(
-                "the host network, TCP as the rules allow: connect to {}, bind to {} (Landlock, \
-                 ABI 4 / Linux 6.7); abstract unix sockets scoped to the sandbox (ABI 6, \
-                 required); other protocols such as UDP are not narrowed by Landlock",
-                ports(connect),
-                ports(bind)
-            ),
-            tcp_connect: connect.clone(),
-            tcp_bind: bind.clone(),
-        },
+        ),
+        Network::Egress(policy) => {
+            let allow: Vec<String> = policy.hosts().iter().map(ToString::to_string).collect();
+            let allow_addresses: Vec<String> =
+                policy.addresses().iter().map(ToString::to_string).collect();
+            let listed = |items: &[String]| {
+                if items.is_empty() {
+                    "none".to_string()
+                } else {
+                    items.join(", ")
+                }
+            };
+            NetworkFacts {
+                summary: format!(
+                    "egress through airlock's proxy only: a fresh network namespace with just \
+                     `lo`, where HTTP_PROXY/HTTPS_PROXY/ALL_PROXY point at the supervisor's \
+                     proxy; it lets through {} (ports 80 and 443 where none is given) and \
+                     connects to loopback, private, link-local or metadata addresses only \
+                     within {}; no DNS inside, the proxy resolves once and connects to the \
+                     address it checked",
+                    listed(&allow),
+                    listed(&allow_addresses)
+                ),
+                allow,
+                allow_addresses,
+                ..facts("egress", String::new())
+            }
+        }
+        Network::Host { tcp, udp } => {
+            let tcp_text = match tcp {
+                Some(tcp) => format!(
+                    "TCP narrowed by Landlock (ABI 4 / Linux 6.7): connect to {}, bind to {}",
+                    ports(&tcp.connect),
+                    ports(&tcp.bind)
+                ),
+                None => "every TCP port".to_string(),
+            };
+            let udp_text = if *udp {
+                "UDP allowed"
+            } else {
+                "UDP sockets refused by the seccomp filter"
+            };
+            NetworkFacts {
+                summary: format!(
+                    "net:host, the host's own network: {tcp_text}; {udp_text}; abstract unix \
+                     sockets scoped to the sandbox (ABI 6, required)"
+                ),
+                tcp_connect: tcp.as_ref().map(|t| t.connect.clone()),
+                tcp_bind: tcp.as_ref().map(|t| t.bind.clone()),
+                udp: *udp,
+                ..facts("host", String::new())
+            }
+        }
     }
 }
 
@@ -199,6 +251,9 @@ fn describe_syscalls(profile: &Profile) -> SyscallFacts {
     let families: Vec<&'static str> = match policy.families {
         SocketFamilies::UnixOnly => vec!["AF_UNIX"],
         SocketFamilies::UnixAndInet => vec!["AF_UNIX", "AF_INET", "AF_INET6"],
+        SocketFamilies::UnixAndInetStreams => {
+            vec!["AF_UNIX", "AF_INET (stream)", "AF_INET6 (stream)"]
+        }
     };
     SyscallFacts {
         allowed_count: allowed.len(),

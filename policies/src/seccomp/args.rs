@@ -83,21 +83,27 @@ pub(super) fn argument_rules(
     );
     let allowed_families: &[u32] = match families {
         SocketFamilies::UnixOnly => &[libc::AF_UNIX as u32],
-        SocketFamilies::UnixAndInet => &[
+        SocketFamilies::UnixAndInet | SocketFamilies::UnixAndInetStreams => &[
             libc::AF_UNIX as u32,
             libc::AF_INET as u32,
             libc::AF_INET6 as u32,
         ],
     };
     let other_family: Vec<Condition> = allowed_families.iter().map(|f| ne(0, *f)).collect();
-    rules.insert(
-        number("socket")?,
-        vec![
-            other_family.clone(),
-            vec![masked_eq(1, SOCK_TYPE_MASK, SOCK_RAW)],
-            vec![masked_eq(1, SOCK_TYPE_MASK, SOCK_PACKET)],
-        ],
-    );
+    let mut socket = vec![
+        other_family.clone(),
+        vec![masked_eq(1, SOCK_TYPE_MASK, SOCK_RAW)],
+        vec![masked_eq(1, SOCK_TYPE_MASK, SOCK_PACKET)],
+    ];
+    if families == SocketFamilies::UnixAndInetStreams {
+        for family in [libc::AF_INET as u32, libc::AF_INET6 as u32] {
+            socket.push(vec![
+                eq(0, family),
+                masked_eq(1, SOCK_TYPE_MASK, libc::SOCK_DGRAM as u32),
+            ]);
+        }
+    }
+    rules.insert(number("socket")?, socket);
     rules.insert(number("socketpair")?, vec![other_family]);
     let device = |arg| {
         vec![
@@ -209,6 +215,38 @@ mod tests {
         assert_eq!(
             verdict(&inet, "socket", [af(libc::AF_INET), SOCK_RAW, 0, 0, 0, 0]),
             EPERM
+        );
+    }
+
+    #[test]
+    fn a_host_network_without_udp_refuses_inet_datagram_sockets_only() {
+        let streams =
+            compile_seccomp_program(&default_policy(SocketFamilies::UnixAndInetStreams)).unwrap();
+        let af = |f: i32| f as u64;
+        let (stream, dgram) = (libc::SOCK_STREAM as u64, libc::SOCK_DGRAM as u64);
+        let flags = (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) as u64;
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            assert_eq!(
+                verdict(&streams, "socket", [af(family), stream | flags, 0, 0, 0, 0]),
+                Verdict::Allow
+            );
+            assert_eq!(
+                verdict(&streams, "socket", [af(family), dgram, 0, 0, 0, 0]),
+                EPERM
+            );
+            assert_eq!(
+                verdict(&streams, "socket", [af(family), dgram | flags, 0, 0, 0, 0]),
+                EPERM
+            );
+        }
+        assert_eq!(
+            verdict(&streams, "socket", [af(libc::AF_UNIX), dgram, 0, 0, 0, 0]),
+            Verdict::Allow
+        );
+        let inet = compile_seccomp_program(&default_policy(SocketFamilies::UnixAndInet)).unwrap();
+        assert_eq!(
+            verdict(&inet, "socket", [af(libc::AF_INET), dgram, 0, 0, 0, 0]),
+            Verdict::Allow
         );
     }
 

@@ -290,12 +290,20 @@ mod tests {
         let low = |i: usize| args[i] as u32;
         let families: &[u32] = match policy.families {
             SocketFamilies::UnixOnly => &[1],
-            SocketFamilies::UnixAndInet => &[1, 2, 10],
+            SocketFamilies::UnixAndInet | SocketFamilies::UnixAndInetStreams => &[1, 2, 10],
         };
+        let inet_datagram = policy.families == SocketFamilies::UnixAndInetStreams
+            && matches!(low(0), 2 | 10)
+            && low(1) & 0xf == 2;
         let refused = match name {
             "clone" => low(0) & 0x7e02_0000 != 0,
             "ioctl" => low(1) == 0x5412 || low(1) == 0x541c,
-            "socket" => !families.contains(&low(0)) || low(1) & 0xf == 3 || low(1) & 0xf == 10,
+            "socket" => {
+                !families.contains(&low(0))
+                    || low(1) & 0xf == 3
+                    || low(1) & 0xf == 10
+                    || inet_datagram
+            }
             "socketpair" => !families.contains(&low(0)),
             "mknod" => matches!(low(1) & 0o170000, 0o020000 | 0o060000),
             "mknodat" => matches!(low(2) & 0o170000, 0o020000 | 0o060000),
@@ -337,10 +345,15 @@ mod tests {
             [0xffff_ffff, 0, 0, 0, 0, 0],
             [0x0040_0000, 0, 0, 0, 0, 0],
             [0x20008, 0, 0, 0, 0, 0],
+            [2, 2, 0, 0, 0, 0],
+            [10, 0x80802, 0, 0, 0, 0],
+            [(1 << 32) | 2, 2, 0, 0, 0, 0],
+            [1, 2, 0, 0, 0, 0],
         ];
         for policy in [
             default_policy(SocketFamilies::UnixOnly),
             default_policy(SocketFamilies::UnixAndInet),
+            default_policy(SocketFamilies::UnixAndInetStreams),
             with_deny,
             without_ioctl,
         ] {

@@ -10,8 +10,11 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::{Checker, Limits, Network, PathGrant, ProcView, Profile, Requirements, TOOL_NAME};
+use super::{
+    Checker, Limits, Network, PathGrant, ProcView, Profile, Requirements, TOOL_NAME, TcpPorts,
+};
 use super::{bounds, defaults};
+use crate::egress::{Cidr, EgressPolicy, HostRule};
 use crate::model::{LimitsFile, NetworkFile, ProfileFile, RequireFile, SyscallsFile};
 use crate::seccomp::{DEFAULT_ALLOW, SocketFamilies, SyscallPolicy, is_never_allowed};
 use crate::syscalls::syscall_number;
@@ -192,48 +195,143 @@ fn warn_mounts_inside_writable(c: &mut Checker<'_>, file: &ProfileFile, write: &
     }
 }
 
-/// `network`: `"none"` (the default), `"loopback"`, or TCP port rules.
+/// `network`: `"none"` (the default), `"loopback"`, `"host"`, or a table: the egress
+/// proxy's `allow` list, or `mode = "host"` with TCP ports and UDP.
 fn check_network(c: &mut Checker<'_>, network: Option<&Spanned<NetworkFile>>) -> Network {
     let Some(spanned) = network else {
         return Network::None;
     };
+    let span = spanned.span();
     match spanned.get_ref() {
         NetworkFile::Mode(mode) if mode == "none" => Network::None,
         NetworkFile::Mode(mode) if mode == "loopback" => Network::Loopback,
+        NetworkFile::Mode(mode) if mode == "host" => {
+            warn_host_network(c, span.clone(), None);
+            Network::Host {
+                tcp: None,
+                udp: false,
+            }
+        }
         NetworkFile::Mode(other) => {
             c.error(
-                spanned.span(),
-                format!("network must be \"none\", \"loopback\" or a table {{ connect = [...], bind = [...] }}, not {other:?}"),
+                span,
+                format!(
+                    "network must be \"none\", \"loopback\", \"host\" or a table {{ allow = [...] }}, not {other:?}"
+                ),
             );
             Network::None
         }
-        NetworkFile::Rules(rules) => {
-            let ports = |entries: &[String], c: &mut Checker<'_>| -> Vec<u16> {
-                let mut out = Vec::new();
-                for entry in entries {
-                    match entry.strip_prefix("tcp:").map(str::parse::<u16>) {
-                        Some(Ok(port)) if port > 0 => out.push(port),
-                        _ => c.error(
-                            spanned.span(),
-                            format!(
-                                "network rule {entry:?} must look like \"tcp:443\" (port 1-65535)"
-                            ),
-                        ),
-                    }
-                }
-                out
-            };
-            let connect = ports(&rules.connect, c);
-            let bind = ports(&rules.bind, c);
-            if rules.connect.is_empty() && rules.bind.is_empty() {
-                c.warning(
-                    spanned.span(),
-                    "network is enabled with no rules: the host network is shared and only TCP is filtered",
+        NetworkFile::Rules(rules) => match (&rules.allow, rules.mode.as_deref()) {
+            (Some(allow), None) => check_egress(c, span, allow, rules),
+            (None, Some("host")) => check_host_network(c, span, rules),
+            (Some(_), Some(_)) => {
+                c.error(
+                    span,
+                    "network: allow (the egress proxy) and mode = \"host\" exclude each other",
                 );
+                Network::None
             }
-            Network::Tcp { connect, bind }
+            (None, Some(other)) => {
+                c.error(
+                    span,
+                    format!("network.mode must be \"host\", not {other:?} (the other modes are plain strings: network = \"loopback\")"),
+                );
+                Network::None
+            }
+            (None, None) => {
+                c.error(
+                    span,
+                    "a network table needs allow = [\"host[:port]\", ...] for the egress proxy, or mode = \"host\" for the host's own network",
+                );
+                Network::None
+            }
+        },
+    }
+}
+
+/// The egress proxy's allowlist: every entry parsed, each mistake its own error.
+fn check_egress(
+    c: &mut Checker<'_>,
+    span: std::ops::Range<usize>,
+    allow: &[String],
+    rules: &crate::model::NetworkRulesFile,
+) -> Network {
+    if !rules.connect.is_empty() || !rules.bind.is_empty() || rules.udp.is_some() {
+        c.error(
+            span.clone(),
+            "network: connect, bind and udp belong to mode = \"host\"; with allow, the egress proxy decides every connection",
+        );
+    }
+    let mut hosts = Vec::new();
+    for entry in allow {
+        match HostRule::parse(entry) {
+            Ok(rule) => hosts.push(rule),
+            Err(e) => c.error(span.clone(), format!("network.allow entry {entry:?}: {e}")),
         }
     }
+    let mut addresses = Vec::new();
+    for entry in &rules.allow_addresses {
+        match Cidr::parse(entry) {
+            Ok(cidr) => addresses.push(cidr),
+            Err(e) => c.error(
+                span.clone(),
+                format!("network.allow_addresses entry {entry:?}: {e}"),
+            ),
+        }
+    }
+    if hosts.is_empty() && !allow.is_empty() {
+        return Network::None;
+    }
+    Network::Egress(EgressPolicy::new(hosts, addresses))
+}
+
+/// `mode = "host"`: the host's network, TCP narrowed by Landlock when ports are given.
+fn check_host_network(
+    c: &mut Checker<'_>,
+    span: std::ops::Range<usize>,
+    rules: &crate::model::NetworkRulesFile,
+) -> Network {
+    if !rules.allow_addresses.is_empty() {
+        c.error(
+            span.clone(),
+            "network.allow_addresses belongs to the egress proxy (allow = [...]), not to mode = \"host\"",
+        );
+    }
+    let ports = |entries: &[String], c: &mut Checker<'_>| -> Vec<u16> {
+        let mut out = Vec::new();
+        for entry in entries {
+            match entry.strip_prefix("tcp:").map(str::parse::<u16>) {
+                Some(Ok(port)) if port > 0 => out.push(port),
+                _ => c.error(
+                    span.clone(),
+                    format!("network rule {entry:?} must look like \"tcp:443\" (port 1-65535)"),
+                ),
+            }
+        }
+        out
+    };
+    let connect = ports(&rules.connect, c);
+    let bind = ports(&rules.bind, c);
+    let tcp =
+        (!rules.connect.is_empty() || !rules.bind.is_empty()).then_some(TcpPorts { connect, bind });
+    warn_host_network(c, span, tcp.as_ref());
+    Network::Host {
+        tcp,
+        udp: rules.udp.unwrap_or(false),
+    }
+}
+
+fn warn_host_network(c: &mut Checker<'_>, span: std::ops::Range<usize>, tcp: Option<&TcpPorts>) {
+    let what = match tcp {
+        Some(_) => "only the listed TCP ports are filtered",
+        None => "no TCP port is filtered",
+    };
+    c.warning(
+        span,
+        format!(
+            "network = \"host\" shares the host's network: tools reach every host service and address their ports allow ({what}); prefer allow = [...] through the egress proxy"
+        ),
+    );
 }
 
 /// `syscalls`: the base allowlist, extra names to allow (never one that defeats the filter)
@@ -282,7 +380,10 @@ fn check_syscalls(
     }
     let families = match network {
         Network::None => SocketFamilies::UnixOnly,
-        Network::Loopback | Network::Tcp { .. } => SocketFamilies::UnixAndInet,
+        Network::Loopback | Network::Egress(_) | Network::Host { udp: true, .. } => {
+            SocketFamilies::UnixAndInet
+        }
+        Network::Host { udp: false, .. } => SocketFamilies::UnixAndInetStreams,
     };
     SyscallPolicy {
         allow,

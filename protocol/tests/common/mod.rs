@@ -112,9 +112,10 @@ prop_compose! {
         seccomp in seccomp_spec(),
         env in vec((text(), text()), 0..3),
         cwd in text(),
+        egress_port in proptest::option::of(any::<u16>()),
     ) -> SandboxSpec {
         let root = if templated { RootSource::Template } else { RootSource::Build };
-        SandboxSpec { profile, hostname, mounts, root, network, rlimits, landlock, seccomp, env, cwd }
+        SandboxSpec { profile, hostname, mounts, root, network, rlimits, landlock, seccomp, env, cwd, egress_port }
     }
 }
 
@@ -286,6 +287,7 @@ pub fn sample_spec() -> SandboxSpec {
             ("LANG".into(), "C.UTF-8".into()),
         ],
         cwd: "/work".into(),
+        egress_port: Some(3128),
     }
 }
 

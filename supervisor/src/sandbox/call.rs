@@ -14,12 +14,24 @@ use super::worker::{PrepareError, ReadyWorker, WorkerOrder};
 use super::{ActiveCall, SandboxRun, Supervisor, duration_ms};
 use crate::cancel::CancelSignal;
 use crate::channel::{ChannelError, WorkerChannel};
+use crate::egress::{EgressSummary, EventSink};
 use crate::result::{AppliedLimits, ErrorKind, ToolError, ToolResult};
 
 impl Supervisor {
     /// Runs `run` in a fresh sandbox and returns its result. `cancel` ends it early. A
     /// pre-confined idle worker of the same profile is used when the pool has one.
     pub async fn run(&self, run: SandboxRun, cancel: Option<&CancelSignal>) -> ToolResult {
+        self.run_observed(run, cancel, None).await
+    }
+
+    /// As [`Supervisor::run`], giving each of the call's egress connections to
+    /// `network_events` as it ends (the result's `network` keeps only the first ones).
+    pub async fn run_observed(
+        &self,
+        run: SandboxRun,
+        cancel: Option<&CancelSignal>,
+        network_events: Option<Arc<dyn EventSink>>,
+    ) -> ToolResult {
         let _active = ActiveCall::enter(&self.active);
         if self.closing.is_cancelled() {
             return ToolResult::rejected(
@@ -75,16 +87,18 @@ impl Supervisor {
             elapsed_us = started.elapsed().as_micros() as u64,
             "worker ready"
         );
-        let (conversation, lease, channel) = match worker {
+        let (conversation, lease, channel, network) = match worker {
             Ok(worker) => {
-                let (conversation, lease, channel) = self.run_on_worker(worker, &run, bounds).await;
-                (conversation, lease, Some(channel))
+                let (conversation, lease, channel, network) = self
+                    .run_on_worker(worker, &run, bounds, network_events)
+                    .await;
+                (conversation, lease, Some(channel), network)
             }
             Err(PrepareError::Rejected(error)) => {
                 let facts = facts_of(&run, duration_ms(started.elapsed()));
                 return result_of(&facts, Outcome::Refused(*error));
             }
-            Err(PrepareError::Failed(conversation, lease)) => (conversation, *lease, None),
+            Err(PrepareError::Failed(conversation, lease)) => (conversation, *lease, None, None),
         };
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
@@ -132,6 +146,7 @@ impl Supervisor {
             conversation,
             cgroup,
             stats,
+            network,
         };
         result_of(&facts, outcome)
     }
@@ -143,13 +158,23 @@ impl Supervisor {
         worker: ReadyWorker,
         run: &SandboxRun,
         bounds: Bounds<'_>,
-    ) -> (Conversation, WorkerLease, WorkerChannel) {
+        network_events: Option<Arc<dyn EventSink>>,
+    ) -> (
+        Conversation,
+        WorkerLease,
+        WorkerChannel,
+        Option<EgressSummary>,
+    ) {
         let ReadyWorker {
             lease,
             mut channel,
             applied,
             run_sent,
+            egress,
         } = worker;
+        // Before the call goes out: the tool's first connection finds the proxy serving.
+        let proxy =
+            egress.and_then(|listener| self.start_egress(listener, &run.profile, network_events));
         let request = (!run_sent).then(|| run_request(run));
         let conversation = {
             let talk = run_over(&mut channel, request);
@@ -164,7 +189,13 @@ impl Supervisor {
                 () = self.closing.cancelled() => Conversation::Cancelled { applied: Some(applied.clone()) },
             }
         };
-        (conversation, lease, channel)
+        // The conversation is over (the tool reported, or the deadline, a cancellation or
+        // close ended it): so are its tunnels.
+        let network = match proxy {
+            Some(proxy) => proxy.finish().await,
+            None => None,
+        };
+        (conversation, lease, channel, network)
     }
 }
 

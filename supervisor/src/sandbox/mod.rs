@@ -13,6 +13,7 @@
 
 mod call;
 mod deadline;
+mod egress;
 mod lease;
 mod outcome;
 mod warm;
@@ -27,6 +28,7 @@ use airlock_policy::CompiledProfile;
 
 use crate::cancel::CancelSignal;
 use crate::cgroup::{CgroupParent, CgroupRecycler};
+use crate::egress::{EgressLimits, Resolve, SystemResolver};
 use crate::pool::{Pool, PoolClock, SystemPoolClock};
 use crate::spawn::{IdMapping, SpawnError, Spawner, WorkerImage, WorkerNetwork};
 use crate::sys;
@@ -63,6 +65,10 @@ pub struct SupervisorOptions {
     pub network_namespaces: NetworkNamespaces,
     /// The clock of the pools' grow and shrink decisions (default: the real one).
     pub pool_clock: Option<Arc<dyn PoolClock>>,
+    /// How the egress proxy resolves names (default: the host's resolver).
+    pub egress_resolver: Option<Arc<dyn Resolve>>,
+    /// The egress proxy's per-call limits.
+    pub egress_limits: EgressLimits,
 }
 
 /// The network namespace strategy for `network = "none"` profiles.
@@ -107,6 +113,8 @@ pub struct Supervisor {
     templates_built: AtomicU64,
     /// Time as the pools' grow and shrink decisions see it.
     pool_clock: Arc<dyn PoolClock>,
+    egress_resolver: Arc<dyn Resolve>,
+    egress_limits: EgressLimits,
 }
 
 /// Counts a call as active until dropped (however the call ends).
@@ -199,6 +207,10 @@ impl Supervisor {
             pool_clock: options
                 .pool_clock
                 .unwrap_or_else(|| Arc::new(SystemPoolClock)),
+            egress_resolver: options
+                .egress_resolver
+                .unwrap_or_else(|| Arc::new(SystemResolver)),
+            egress_limits: options.egress_limits,
         })
     }
 

@@ -11,6 +11,7 @@ use airlock_protocol::{AppliedIsolation, ExitStatus, SetupFailure, ToolExit, Wor
 
 use crate::cgroup::CgroupStats;
 use crate::channel::ChannelError;
+use crate::egress::EgressSummary;
 use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
 
 /// What the conversation with a worker produced.
@@ -43,6 +44,8 @@ pub(super) enum Outcome {
         cgroup: Option<String>,
         /// Its counters, read after the worker was reaped (final by then).
         stats: Option<CgroupStats>,
+        /// What its egress proxy did, for a profile with one.
+        network: Option<EgressSummary>,
     },
 }
 
@@ -75,7 +78,11 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
             conversation,
             cgroup,
             stats,
-        } => (conversation, cgroup, stats),
+            network,
+        } => {
+            result.network = network;
+            (conversation, cgroup, stats)
+        }
     };
     let mut isolation = Isolation {
         limits: facts.limits.clone(),
@@ -348,6 +355,7 @@ mod tests {
                 conversation,
                 cgroup: Some("v2".into()),
                 stats: Some(stats(hit)),
+                network: None,
             },
         )
     }

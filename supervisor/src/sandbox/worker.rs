@@ -82,6 +82,8 @@ pub(super) struct ReadyWorker {
     pub(super) applied: AppliedIsolation,
     /// The call's `Run` went out with the `Setup` already (cold calls; see `run`).
     pub(super) run_sent: bool,
+    /// The listener in the worker's network namespace its egress proxy accepts on.
+    pub(super) egress: Option<std::net::TcpListener>,
 }
 
 /// What a worker is made for.
@@ -192,6 +194,11 @@ impl Supervisor {
                 .await
                 .and_then(|outcome| outcome)
         };
+        let handshake = handshake.and_then(|applied| {
+            let egress = egress_listener(&mut channel, profile.spec.egress_port)
+                .map_err(|what| Conversation::Broken(ChannelError::Violation(what)))?;
+            Ok((applied, egress))
+        });
         // Confined and idle: now the CPU quota may bind (see `enforce_cpu_quota`).
         if handshake.is_ok()
             && let Some(Err(e)) = lease.cgroup.as_ref().map(WorkerCgroup::enforce_cpu_quota)
@@ -203,11 +210,12 @@ impl Supervisor {
             )));
         }
         match handshake {
-            Ok(applied) => Ok(ReadyWorker {
+            Ok((applied, egress)) => Ok(ReadyWorker {
                 lease,
                 channel,
                 applied,
                 run_sent,
+                egress,
             }),
             Err(conversation) => Err(failed(conversation, lease)),
         }
@@ -355,6 +363,39 @@ impl Supervisor {
             })),
             Err(_) => Ok(None),
         }
+    }
+}
+
+/// The egress listener the worker passed with `Ready`, checked to be what the spec asked
+/// for: a listening TCP socket on `127.0.0.1:<port>`. A worker passing anything else, or
+/// anything at all when no port was asked for, broke the protocol.
+fn egress_listener(
+    channel: &mut WorkerChannel,
+    port: Option<u16>,
+) -> Result<Option<std::net::TcpListener>, String> {
+    use nix::sys::socket::{getsockopt, sockopt};
+    let passed = channel.take_passed_descriptor();
+    let (port, fd) = match (port, passed) {
+        (None, None) => return Ok(None),
+        (None, Some(_)) => return Err("the worker passed a descriptor nobody asked for".into()),
+        (Some(_), None) => return Err("the worker passed no egress listener".into()),
+        (Some(port), Some(fd)) => (port, fd),
+    };
+    let listening = getsockopt(&fd, sockopt::AcceptConn).unwrap_or(false);
+    let stream =
+        getsockopt(&fd, sockopt::SockType).ok() == Some(nix::sys::socket::SockType::Stream);
+    let listener = std::net::TcpListener::from(fd);
+    let expected = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+    match listener.local_addr() {
+        Ok(address) if listening && stream && address == expected => {
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| format!("cannot use the egress listener: {e}"))?;
+            Ok(Some(listener))
+        }
+        _ => Err(format!(
+            "the worker's egress listener is not a TCP socket listening on {expected}"
+        )),
     }
 }
 

@@ -290,3 +290,46 @@ pub fn oneshot_timerfd(after: std::time::Duration) -> io::Result<OwnedFd> {
     check_int(unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &spec, std::ptr::null_mut()) })?;
     Ok(fd)
 }
+
+/// What one `recvmsg` on a stream socket brought: bytes, and the descriptors passed with
+/// them.
+#[derive(Debug)]
+pub struct Received {
+    /// Bytes read into the buffer (0 at the end of the stream).
+    pub bytes: usize,
+    /// Descriptors passed with those bytes, owned (close-on-exec).
+    pub descriptors: Vec<OwnedFd>,
+    /// The kernel had more ancillary data than fits one descriptor's room; the excess was
+    /// closed by the kernel.
+    pub truncated: bool,
+}
+
+/// Reads from the stream socket `socket` into `buffer`, taking ownership of any
+/// descriptors passed with the bytes (room for one; more are truncated and reported).
+pub fn receive_with_descriptors(socket: &impl AsRawFd, buffer: &mut [u8]) -> io::Result<Received> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(buffer)];
+    let message = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(io::Error::from)?;
+    let mut descriptors = Vec::new();
+    for control in message.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(fds) = control {
+            for fd in fds {
+                // SAFETY: the kernel installed `fd` in our table for this message just
+                // now; nothing else knows it, so this is its one owner.
+                descriptors.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    Ok(Received {
+        bytes: message.bytes,
+        descriptors,
+        truncated: message.flags.contains(MsgFlags::MSG_CTRUNC),
+    })
+}
