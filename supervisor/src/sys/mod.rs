@@ -304,32 +304,59 @@ pub struct Received {
     pub truncated: bool,
 }
 
-/// Reads from the stream socket `socket` into `buffer`, taking ownership of any
-/// descriptors passed with the bytes (room for one; more are truncated and reported).
+/// Reads from the stream socket `socket` into `buffer`, taking ownership of every
+/// descriptor passed with the bytes: room for a few, and a sender passing more gets them
+/// truncated by the kernel (reported) — never leaked here, as each one installed is owned.
 pub fn receive_with_descriptors(socket: &impl AsRawFd, buffer: &mut [u8]) -> io::Result<Received> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
-    let mut iov = [std::io::IoSliceMut::new(buffer)];
-    let message = recvmsg::<()>(
-        socket.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
-    )
-    .map_err(io::Error::from)?;
+    /// Descriptors one read has room for.
+    const ROOM: usize = 4;
+    // u64 words: the control buffer must be aligned for `cmsghdr`.
+    let mut control = [0u64; 8];
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE((ROOM * std::mem::size_of::<libc::c_int>()) as u32) };
+    let space = (space as usize).min(std::mem::size_of_val(&control));
+    let mut iov = libc::iovec {
+        iov_base: buffer.as_mut_ptr().cast(),
+        iov_len: buffer.len(),
+    };
+    // SAFETY: msghdr is plain data; all-zero is an empty header.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = &mut iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    header.msg_controllen = space;
+    // SAFETY: the header points at `buffer` and `control`, both live and of the lengths
+    // given, for the duration of the call.
+    let read = unsafe {
+        libc::recvmsg(
+            socket.as_raw_fd(),
+            &mut header,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+        )
+    };
+    let bytes = usize::try_from(read).map_err(|_| io::Error::last_os_error())?;
     let mut descriptors = Vec::new();
-    for control in message.cmsgs().map_err(io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(fds) = control {
-            for fd in fds {
-                // SAFETY: the kernel installed `fd` in our table for this message just
-                // now; nothing else knows it, so this is its one owner.
-                descriptors.push(unsafe { OwnedFd::from_raw_fd(fd) });
+    // SAFETY: the kernel set msg_controllen to the control bytes it wrote, whole headers
+    // only; CMSG_FIRSTHDR/CMSG_NXTHDR stay within them, and each SCM_RIGHTS header's data
+    // holds (cmsg_len - CMSG_LEN(0)) / sizeof(int) descriptors, read unaligned.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&header);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                let length = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..length / std::mem::size_of::<libc::c_int>() {
+                    let fd = std::ptr::read_unaligned(data.add(i));
+                    // The kernel installed it in our table for this message: we own it.
+                    descriptors.push(OwnedFd::from_raw_fd(fd));
+                }
             }
+            cmsg = libc::CMSG_NXTHDR(&header, cmsg);
         }
     }
     Ok(Received {
-        bytes: message.bytes,
+        bytes,
         descriptors,
-        truncated: message.flags.contains(MsgFlags::MSG_CTRUNC),
+        truncated: header.msg_flags & libc::MSG_CTRUNC != 0,
     })
 }

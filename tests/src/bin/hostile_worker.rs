@@ -25,14 +25,49 @@ fn handshake(stream: &mut UnixStream) {
 }
 
 fn ready(stream: &mut UnixStream) {
-    let applied = AppliedIsolation {
+    write_frame(stream, &WorkerMessage::Ready(applied())).unwrap();
+    let _: Option<SupervisorMessage> = read_frame(stream).unwrap();
+}
+
+/// Sends `message` with `fds` attached (`SCM_RIGHTS`), as a worker passes its egress listener.
+fn send_with_descriptors(stream: &UnixStream, message: &WorkerMessage, fds: &[i32]) {
+    use std::os::fd::AsRawFd;
+    let frame = encode_frame(message).unwrap();
+    let payload = std::mem::size_of_val(fds);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(payload as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec {
+        iov_base: frame.as_ptr() as *mut libc::c_void,
+        iov_len: frame.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = &mut iov;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    header.msg_controllen = space;
+    // SAFETY: the control buffer has CMSG_SPACE(payload) bytes, so the first header and its
+    // data fit; the pointers stay valid for the sendmsg below.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&header);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(payload as u32) as usize;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast::<i32>(), fds.len());
+    }
+    // SAFETY: header points at live buffers described above.
+    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &header, 0) };
+    assert_eq!(sent, frame.len() as isize);
+}
+
+fn applied() -> AppliedIsolation {
+    AppliedIsolation {
         namespaces: vec![],
         landlock_abi: 0,
         landlock_fully_enforced: false,
         seccomp_installed: false,
-    };
-    write_frame(stream, &WorkerMessage::Ready(applied)).unwrap();
-    let _: Option<SupervisorMessage> = read_frame(stream).unwrap();
+    }
 }
 
 fn main() {
@@ -133,6 +168,27 @@ fn main() {
                 system_cpu_us: 0,
             };
             let _ = write_frame(&mut stream, &WorkerMessage::Exited(exit));
+        }
+        // Says Ready and nothing else: an egress profile's worker that passes no listener.
+        "ready" => {
+            handshake(&mut stream);
+            ready(&mut stream);
+        }
+        // Passes a pipe with Ready: a descriptor nobody asked for, or a listener that is none.
+        "pass-pipe" => {
+            handshake(&mut stream);
+            let (read, _write) = std::io::pipe().unwrap();
+            use std::os::fd::AsRawFd;
+            send_with_descriptors(
+                &stream,
+                &WorkerMessage::Ready(applied()),
+                &[read.as_raw_fd()],
+            );
+        }
+        // Passes three descriptors at once.
+        "pass-many" => {
+            handshake(&mut stream);
+            send_with_descriptors(&stream, &WorkerMessage::Ready(applied()), &[0, 1, 2]);
         }
         "report-twice" => {
             handshake(&mut stream);
