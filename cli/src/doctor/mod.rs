@@ -22,7 +22,7 @@ use serde_json::Value;
 use cgroup::check_cgroups;
 use host::{check_kernel, check_privileges, check_worker_image};
 use landlock::check_landlock;
-use sandbox::check_default_sandbox;
+use sandbox::{check_default_sandbox, check_egress_sandbox};
 use seccomp::check_seccomp;
 use userns::check_user_namespaces;
 
@@ -123,9 +123,12 @@ pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     checks.extend(check_seccomp());
     let (cgroup_checks, parent) = check_cgroups();
     checks.extend(cgroup_checks);
-    let sandbox = check_default_sandbox(parent);
+    let sandbox = check_default_sandbox(parent.clone());
     let ok = sandbox.status == Status::Ok;
     checks.push(sandbox);
+    if ok {
+        checks.push(check_egress_sandbox(parent));
+    }
 
     let failed: Vec<&str> = checks
         .iter()

@@ -14,7 +14,7 @@ use super::{Check, Status};
 pub(super) fn check_default_sandbox(parent: Option<CgroupParent>) -> Check {
     const TITLE: &str = "default profile sandbox";
     let breaks = "`airlock exec` and `airlock run` with the default policy";
-    let result = run_true_in_default_profile(parent);
+    let result = run_true_in_default_profile(parent, false);
     let result = match result {
         Ok(result) => result,
         Err(error) => {
@@ -92,10 +92,54 @@ pub(super) fn check_default_sandbox(parent: Option<CgroupParent>) -> Check {
     }
 }
 
-fn run_true_in_default_profile(parent: Option<CgroupParent>) -> anyhow::Result<ToolResult> {
+/// Runs `/bin/true` in the default profile given an (empty) egress allowlist: whether this
+/// kernel and these privileges can run profiles with `network = { allow = [...] }` (a
+/// namespace of the worker's own with loopback up, and its listener handed over).
+pub(super) fn check_egress_sandbox(parent: Option<CgroupParent>) -> Check {
+    const TITLE: &str = "egress proxy";
+    let breaks = "profiles with network = { allow = [...] }";
+    let (status, detail) = match run_true_in_default_profile(parent, true) {
+        Ok(result) if result.ok && result.network.is_some() => {
+            return Check::ok(
+                "sandbox.egress",
+                TITLE,
+                "a worker with its own network namespace passed its listener to the proxy",
+            );
+        }
+        Ok(result) => (
+            Status::Warn,
+            match &result.error {
+                Some(error) => format!("/bin/true failed: {}", error.message),
+                None => "the call ran without its proxy".to_string(),
+            },
+        ),
+        Err(error) => (
+            Status::Warn,
+            format!("cannot start the supervisor: {error:#}"),
+        ),
+    };
+    Check::problem(
+        "sandbox.egress",
+        TITLE,
+        status,
+        detail,
+        breaks,
+        "network namespaces with loopback up are needed; RUST_LOG=airlock=debug shows each step",
+    )
+}
+
+fn run_true_in_default_profile(
+    parent: Option<CgroupParent>,
+    egress: bool,
+) -> anyhow::Result<ToolResult> {
     let text = presets::preset_text(presets::DEFAULT_PRESET)
         .ok_or_else(|| anyhow::anyhow!("the default preset is not embedded"))?;
-    let loaded = load_policy_str(text, &format!("preset:{}", presets::DEFAULT_PRESET))?;
+    let text = if egress {
+        text.replace("network = \"none\"", "network = { allow = [] }")
+    } else {
+        text.to_string()
+    };
+    let loaded = load_policy_str(&text, &format!("preset:{}", presets::DEFAULT_PRESET))?;
     let profile = loaded
         .policy
         .profiles

@@ -2,6 +2,8 @@
 //! run on this machine with the contenders interleaved round by round, so ratios between
 //! them hold even on a noisy shared machine.
 
+mod egress;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -44,6 +46,20 @@ const BENCH_POLICY: &str = r#"version = 1
 read = ["/usr"]
 read_optional = ["/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache"]
 tmpfs = { "/tmp" = "16MiB" }
+limits = { memory = "256MiB", pids = 64, timeout = "30s" }
+
+[profiles.loopback]
+read = ["/usr"]
+read_optional = ["/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache"]
+tmpfs = { "/tmp" = "16MiB" }
+network = "loopback"
+limits = { memory = "256MiB", pids = 64, timeout = "30s" }
+
+[profiles.egress]
+read = ["/usr"]
+read_optional = ["/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache"]
+tmpfs = { "/tmp" = "16MiB" }
+network = { allow = ["127.0.0.1"] }
 limits = { memory = "256MiB", pids = 64, timeout = "30s" }
 
 [tools.true]
@@ -133,6 +149,8 @@ pub struct Report {
     /// A real `airlock serve` process (the `supervisor_rss_*` figures above are this bench
     /// process's own, after it ran everything: an upper bound); `None` if it failed (noted).
     daemon_memory: Option<DaemonMemory>,
+    /// The egress proxy's cost; `None` if it could not be measured (noted).
+    egress: Option<egress::EgressBench>,
     notes: Vec<String>,
 }
 
@@ -728,6 +746,15 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             }
         }
 
+        let egress = match egress::measure(&policy, args.rounds, crate::supervisor_options()).await
+        {
+            Ok(measured) => Some(measured),
+            Err(why) => {
+                notes.push(format!("egress not measured: {why}"));
+                None
+            }
+        };
+
         // Memory: the supervisor idle, then with N idle pooled workers.
         drop(gate);
         pooled.close().await;
@@ -783,6 +810,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             supervisor_rss_anon_kib: rss_anon,
             pool_workers: args.pool_workers,
             daemon_memory,
+            egress,
             notes,
         })
     })?;
@@ -872,6 +900,9 @@ fn print_table(report: &Report) {
         report.worker_pss_per_idle_pooled_kib,
         report.worker_anon_per_idle_pooled_kib
     );
+    if let Some(e) = &report.egress {
+        egress::print(e);
+    }
     for note in &report.notes {
         println!("note: {note}");
     }
