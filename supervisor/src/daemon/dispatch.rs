@@ -159,7 +159,12 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
             answers.send(reply(body), None).await;
         }
         Op::Health => {
-            let body = json!({"result": {"ok": true, "version": env!("CARGO_PKG_VERSION"), "policy_version": shared.gate.policy().version}});
+            let body = json!({"result": {
+                "ok": true,
+                "version": env!("CARGO_PKG_VERSION"),
+                "protocol_version": super::DAEMON_PROTOCOL_VERSION,
+                "policy_version": shared.gate.policy().version,
+            }});
             answers.send(reply(body), None).await;
         }
         Op::Stats => {

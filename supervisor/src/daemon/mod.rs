@@ -42,6 +42,11 @@ pub use wire::{
 /// answer the daemon sends (`airlock schema --daemon`; docs/daemon.md explains it).
 pub const PROTOCOL_SCHEMA: &str = include_str!("protocol.schema.json");
 
+/// The version of the daemon's wire contract, which `health` reports. It changes when an
+/// op, a field or an answer changes in a way a client written for the old one would
+/// misread; clients compare it and refuse a daemon speaking another.
+pub const DAEMON_PROTOCOL_VERSION: u32 = 1;
+
 /// Why the daemon could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
