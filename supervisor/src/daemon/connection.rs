@@ -50,7 +50,7 @@ pub(super) struct Answers {
 
 impl Answers {
     /// Queues `bytes`, waiting for their share of the output budget and a place in this
-    /// connection's queue; `slot` is given back once they are written. Dropped when the
+    /// connection's queue; `slot` is given back as their writing starts. Dropped when the
     /// connection is gone.
     pub(super) async fn send(&self, bytes: Vec<u8>, slot: Option<OwnedSemaphorePermit>) {
         // An answer larger than the whole budget waits for all of it.
@@ -183,8 +183,15 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
         tokio::spawn(async move {
             while let Some(answer) = queued.recv().await {
                 // The slot goes back as its answer starts out, not after: a client that reads
-                // the answer and at once sends its next call must find the slot free.
-                let Outgoing { bytes, _budget, .. } = answer;
+                // the answer and at once sends its next call must find the slot free. Dropped
+                // here by name: a field left to `..` stays in `answer` until the loop body
+                // ends, after the write, and a busy machine let such a client in between.
+                let Outgoing {
+                    bytes,
+                    _budget,
+                    _slot: slot,
+                } = answer;
+                drop(slot);
                 if let Err(e) = write_within(&mut writer, &bytes, shared.config.write_timeout).await
                 {
                     if e.kind() == std::io::ErrorKind::TimedOut {
