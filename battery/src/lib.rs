@@ -1,7 +1,7 @@
 //! The escape battery: attacks a sandbox for agent tools must stop, each
 //! with the outcome it must end in and the layer that stops it.
 //!
-//! One table, two runners: the integration tests (`tests/tests/escape.rs`) run it through
+//! One table, two runners: the integration tests (`tests/tests/suite/escape.rs`) run it through
 //! `airlock exec --json` with the test-built `airlock-probe`, and `airlock selftest` runs it
 //! through the library with the `airlock` binary itself as the probe, so an embedder can
 //! prove on its own host that the isolation holds. The probe side is [`probe::main`].

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A gateway written in another language: drives `airlock serve` over its JSON-lines
-socket with nothing but the standard library. Used by tests/tests/daemon.rs.
+socket with nothing but the standard library. Used by tests/tests/suite/daemon.rs.
 
 usage: daemon_client.py SOCKET SCENARIO
 """

@@ -7,8 +7,56 @@ pub mod daemon;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
+
+/// Taken by every test of the suite (`tests/tests/suite`) before anything else: one test
+/// binary, so tests of different files run at the same time, and some observe what every
+/// other test disturbs — this process's children, its worker cgroups, its descriptors, its
+/// environment. Those take it alone ([`exclusive`]); all others share it ([`shared`]).
+static SUITE: RwLock<()> = RwLock::new(());
+
+/// Held for the whole of a test: shared with other tests, or alone. A test's body holds it
+/// across `.await`s, which is sound here: only the test's own thread (the one its runtime
+/// blocks on) ever takes the lock, never a task on that runtime, so no task waits for it
+/// while another on the same thread holds it. (Clippy's `await_holding_lock` does not look
+/// inside this type, and for the reason above need not.)
+#[derive(Debug)]
+pub struct SuiteGuard {
+    _held: Held,
+}
+
+#[derive(Debug)]
+enum Held {
+    Shared {
+        _read: RwLockReadGuard<'static, ()>,
+    },
+    Exclusive {
+        _write: RwLockWriteGuard<'static, ()>,
+    },
+}
+
+/// For a test that only disturbs what others may share: it runs beside any other test but
+/// an [`exclusive`] one. The first statement of every such test.
+pub fn shared() -> SuiteGuard {
+    // A test that panicked while holding the lock alone poisons it; that failure is its
+    // own and reported as such, not a reason to fail every test after it.
+    let held = SUITE.read().unwrap_or_else(PoisonError::into_inner);
+    SuiteGuard {
+        _held: Held::Shared { _read: held },
+    }
+}
+
+/// For a test that observes process-wide state other tests change (our children, our
+/// cgroups, our descriptors) or changes what they rely on (the environment): it runs
+/// alone. std's RwLock on Linux lets a waiting writer in before new readers; were it not
+/// to, such a test would only wait longer (until the shared ones ran out), never forever.
+pub fn exclusive() -> SuiteGuard {
+    let held = SUITE.write().unwrap_or_else(PoisonError::into_inner);
+    SuiteGuard {
+        _held: Held::Exclusive { _write: held },
+    }
+}
 
 /// How long a test waits for something that must happen before it calls it a hang. Only
 /// a hang guard, never a speed budget: the suite also runs under qemu's emulation, 10-50
@@ -236,6 +284,18 @@ pub fn host_processes_with(marker: &str) -> Vec<u32> {
     found
 }
 
+/// Seconds for a `sleep` that a test finds among the host's processes by its command line
+/// (`sleep <seconds>`, [`host_processes_with`]): unique to this call, since every test of
+/// the suite shares this process's pid, and each one is at least 10,000 s, far past
+/// [`HANG_GUARD`], so that only the test's own doing ends the sleep. This process's pid
+/// followed by a four-digit count (a run takes a dozen or so) and `.5`: no two are equal,
+/// here or in another process made so, and none is the start of another.
+pub fn sleep_marker() -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{}{n:04}.5", std::process::id())
+}
+
 /// A supervisor with default options whose workers are this build's `airlock` binary.
 pub fn supervisor() -> airlock::Supervisor {
     airlock::Supervisor::start(airlock::SupervisorOptions {
@@ -277,4 +337,14 @@ pub fn our_children() -> Vec<String> {
         children.extend(text.split_whitespace().map(str::to_string));
     }
     children
+}
+
+/// The entries of `now` missing from `before`: what a test added to a list of this
+/// process's ([`our_children`], [`our_cgroup_dirs`], its descriptors), without what earlier
+/// tests of the suite — the same process — had left there when it began (a supervisor they
+/// dropped may still be reaping its workers).
+pub fn added_since(before: &[String], now: Vec<String>) -> Vec<String> {
+    now.into_iter()
+        .filter(|entry| !before.contains(entry))
+        .collect()
 }

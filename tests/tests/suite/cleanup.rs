@@ -1,5 +1,6 @@
-//! Nothing is left behind: after 1,000 calls in a row no worker process, cgroup directory
-//! or mount of ours remains.
+//! Nothing is left behind: after 1,000 calls in a row none of the worker processes, cgroup
+//! directories or mounts they made remains. It runs alone (`airlock_tests::exclusive`):
+//! those are the whole process's to count.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -7,24 +8,25 @@ use std::time::Instant;
 
 use airlock::SandboxRun;
 use airlock_policy::load_policy_str;
-use airlock_tests::{HANG_GUARD, our_cgroup_dirs, our_children, sandbox_available};
+use airlock_tests::{HANG_GUARD, added_since, our_cgroup_dirs, our_children, sandbox_available};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
+    let _guard = airlock_tests::exclusive();
     if !sandbox_available() {
         return;
     }
-    if std::env::var("RUST_LOG").is_ok() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_ansi(false)
-            .try_init();
-    }
+    // RUST_LOG=debug shows what the supervisor does with each call.
+    crate::logs::install();
     let mounts_before = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
         .count();
+    // What earlier tests of the suite still have is theirs.
+    let children_before = our_children();
     let supervisor = airlock_tests::supervisor();
+    let parents = supervisor.cgroups().map(|p| p.dirs()).unwrap_or_default();
+    let cgroups_before = our_cgroup_dirs(&parents);
     let policy = load_policy_str(
         airlock_policy::presets::preset_text("default").unwrap(),
         "default",
@@ -58,9 +60,14 @@ async fn a_thousand_calls_leave_no_process_cgroup_or_mount_behind() {
     );
     // Finished calls answer before their worker is reaped; close waits for that cleanup.
     supervisor.close().await;
-    let parents = supervisor.cgroups().map(|p| p.dirs()).unwrap_or_default();
-    assert_eq!(our_cgroup_dirs(&parents), Vec::<String>::new());
-    assert_eq!(our_children(), Vec::<String>::new());
+    assert_eq!(
+        added_since(&cgroups_before, our_cgroup_dirs(&parents)),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        added_since(&children_before, our_children()),
+        Vec::<String>::new()
+    );
     let mounts_after = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()

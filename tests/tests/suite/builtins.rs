@@ -77,6 +77,7 @@ fn call(policy: &Path, tool: &str, input: serde_json::Value) -> serde_json::Valu
 
 #[test]
 fn builtins_read_write_list_and_edit_inside_the_granted_workspace() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -128,6 +129,7 @@ fn builtins_read_write_list_and_edit_inside_the_granted_workspace() {
 
 #[test]
 fn builtins_cannot_reach_beyond_the_profile() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -165,6 +167,7 @@ fn builtins_cannot_reach_beyond_the_profile() {
 
 #[test]
 fn bash_runs_inside_the_sandbox_not_on_the_host() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -187,6 +190,7 @@ fn short_policy(scratch: &Scratch, workspace: &Path) -> std::path::PathBuf {
 
 #[test]
 fn a_fifo_planted_by_an_earlier_call_is_refused_at_once_instead_of_hanging_the_call() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -224,6 +228,7 @@ fn a_fifo_planted_by_an_earlier_call_is_refused_at_once_instead_of_hanging_the_c
 
 #[test]
 fn device_nodes_are_not_files_to_read_or_write() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -251,6 +256,7 @@ fn device_nodes_are_not_files_to_read_or_write() {
 
 #[test]
 fn list_dir_gives_a_name_that_is_not_utf8_as_its_exact_bytes() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }

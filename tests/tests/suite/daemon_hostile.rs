@@ -104,6 +104,7 @@ fn call(id: impl Into<Value>, tool: &str, arguments: Value) -> Value {
 
 #[test]
 fn hostile_clients_cannot_grow_the_daemon_past_its_ceiling_and_a_polite_client_is_answered() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -214,11 +215,12 @@ fn hostile_clients_cannot_grow_the_daemon_past_its_ceiling_and_a_polite_client_i
 
 #[test]
 fn a_duplicate_in_flight_id_is_refused_and_a_disconnect_cancels_every_call() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
     let daemon = start(&[]);
-    let marker = format!("7{}.5", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let mut client = connect(&daemon);
     client.send(&call("a", "sleep", json!({"seconds": marker})));
     let refused = client.ask(call("a", "sleep", json!({"seconds": marker})));
@@ -247,6 +249,7 @@ fn a_duplicate_in_flight_id_is_refused_and_a_disconnect_cancels_every_call() {
 
 #[test]
 fn unknown_or_repeated_fields_are_refused_by_name_and_nothing_runs() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -285,12 +288,13 @@ fn unknown_or_repeated_fields_are_refused_by_name_and_nothing_runs() {
 
 #[test]
 fn dry_run_decides_and_describes_without_running_and_timeout_ms_shortens_the_deadline() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
     let daemon = start(&[]);
     let mut client = connect(&daemon);
-    let marker = format!("8{}.5", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let mut dry = call(1, "sleep", json!({"seconds": marker}));
     dry["dry_run"] = json!(true);
     let answer = client.ask(dry);
@@ -319,6 +323,7 @@ fn dry_run_decides_and_describes_without_running_and_timeout_ms_shortens_the_dea
 
 #[test]
 fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -332,7 +337,7 @@ fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
         "--audit",
         log.to_str().unwrap(),
     ]);
-    let marker = format!("9{}.5", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let mut busy = connect(&daemon);
     busy.send(&call(1, "sleep", json!({"seconds": marker})));
     wait_until("the first call runs", || {
@@ -413,6 +418,7 @@ fn violations(validator: &jsonschema::Validator, instance: &Value) -> Vec<String
 
 #[test]
 fn every_answer_the_daemon_sends_matches_its_published_schema() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -531,6 +537,7 @@ fn every_answer_the_daemon_sends_matches_its_published_schema() {
 
 #[test]
 fn with_an_approver_role_only_approvers_execute_reject_or_set_state() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -567,6 +574,7 @@ fn with_an_approver_role_only_approvers_execute_reject_or_set_state() {
 
 #[test]
 fn the_socket_takes_a_group_and_mode_for_allowed_groups_but_never_a_world_mode() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }

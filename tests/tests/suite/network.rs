@@ -22,6 +22,7 @@ fn python_available() -> bool {
 
 #[test]
 fn loopback_mode_has_its_own_loopback_and_cannot_reach_the_hosts() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() || !python_available() {
         return;
     }
@@ -44,6 +45,7 @@ fn loopback_mode_has_its_own_loopback_and_cannot_reach_the_hosts() {
 
 #[test]
 fn host_network_is_narrowed_to_the_allowed_tcp_ports() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() || !python_available() {
         return;
     }
@@ -158,6 +160,7 @@ limits = {{ timeout = {timeout} }}
 /// safe (no ABI 6) each worker has its own namespace, and this says which one ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
+    let _guard = airlock_tests::shared();
     use std::sync::Arc;
 
     use airlock::{CallOptions, Gate, Supervisor, SupervisorOptions, ToolCall};

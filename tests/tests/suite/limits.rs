@@ -15,10 +15,11 @@ use airlock_tests::{
 
 #[test]
 fn deadline_kills_a_setsid_double_forked_sigterm_ignoring_tree() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
-    let marker = format!("1{}.25", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let script = format!(
         "trap '' TERM; setsid sh -c 'trap \"\" TERM; sleep {marker}' & (sh -c 'sleep {marker} &' &); sleep {marker}"
     );
@@ -36,6 +37,7 @@ fn deadline_kills_a_setsid_double_forked_sigterm_ignoring_tree() {
 
 #[test]
 fn memory_bomb_gives_out_of_memory() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -57,6 +59,7 @@ fn memory_bomb_gives_out_of_memory() {
 
 #[test]
 fn fork_bomb_is_contained_and_reported() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -71,7 +74,7 @@ fn fork_bomb_is_contained_and_reported() {
             "none",
         ),
     );
-    let marker = format!("2{}.5", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let script = format!("while :; do sleep {marker} & done");
     let result = exec_json(Some(&policy), &[], &["/bin/sh", "-c", &script]);
     assert_eq!(result["error"]["kind"], "pids_limit", "{result}");
@@ -80,6 +83,7 @@ fn fork_bomb_is_contained_and_reported() {
 
 #[test]
 fn output_flood_is_truncated_with_the_flag_set() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -106,6 +110,7 @@ fn output_flood_is_truncated_with_the_flag_set() {
 
 #[test]
 fn fd_bomb_hits_the_open_files_limit() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -118,6 +123,7 @@ fn fd_bomb_hits_the_open_files_limit() {
 
 #[test]
 fn cpu_time_and_limits_are_reported() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -139,10 +145,11 @@ fn cpu_time_and_limits_are_reported() {
 
 #[test]
 fn supervisor_death_kills_its_workers() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
-    let marker = format!("5{}.5", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let mut supervisor = std::process::Command::new(airlock_tests::airlock_bin())
         .args([
             "exec",
@@ -184,6 +191,7 @@ fn supervisor_death_kills_its_workers() {
 
 #[test]
 fn exec_and_run_leave_no_cgroup_behind() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -240,6 +248,7 @@ fn nr_throttled(dir: &Path) -> u64 {
 /// 583 ms against a free 1,109 once), and a loaded host gives the free run less.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_quota_throttles_a_spinning_tool() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }

@@ -9,6 +9,7 @@ fn sh(script: &str) -> serde_json::Value {
 
 #[test]
 fn sandbox_root_is_not_host_root() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -36,6 +37,7 @@ fn sandbox_root_is_not_host_root() {
 
 #[test]
 fn tool_has_no_capabilities_and_runs_under_no_new_privs_and_seccomp() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -61,6 +63,7 @@ fn tool_has_no_capabilities_and_runs_under_no_new_privs_and_seccomp() {
 
 #[test]
 fn proc_shows_only_the_sandbox_processes() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -76,6 +79,7 @@ fn proc_shows_only_the_sandbox_processes() {
 
 #[test]
 fn root_holds_only_what_the_profile_grants() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -117,6 +121,7 @@ fn root_holds_only_what_the_profile_grants() {
 
 #[test]
 fn writes_outside_writable_places_fail_and_tmp_is_writable() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -138,6 +143,7 @@ fn writes_outside_writable_places_fail_and_tmp_is_writable() {
 
 #[test]
 fn host_secrets_are_unreachable() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -150,6 +156,7 @@ fn host_secrets_are_unreachable() {
 
 #[test]
 fn network_has_no_interface_but_a_down_loopback() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -160,6 +167,7 @@ fn network_has_no_interface_but_a_down_loopback() {
 
 #[test]
 fn tools_start_with_no_signal_blocked_or_ignored() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -175,6 +183,7 @@ fn tools_start_with_no_signal_blocked_or_ignored() {
 
 #[test]
 fn tools_have_no_controlling_terminal_and_cannot_acquire_one() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -196,6 +205,7 @@ fn tools_have_no_controlling_terminal_and_cannot_acquire_one() {
 
 #[test]
 fn a_missing_executable_fails_the_call_with_its_errno() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -212,6 +222,7 @@ fn a_missing_executable_fails_the_call_with_its_errno() {
 
 #[test]
 fn hostname_is_the_sandboxes() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -221,6 +232,7 @@ fn hostname_is_the_sandboxes() {
 
 #[test]
 fn tools_inherit_only_stdio() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -233,6 +245,7 @@ fn tools_inherit_only_stdio() {
 
 #[test]
 fn exec_passes_stdio_and_the_exit_code_through() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -257,6 +270,7 @@ fn exec_passes_stdio_and_the_exit_code_through() {
 
 #[test]
 fn the_cgroup_view_is_rooted_at_the_sandboxs_own_cgroup() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -278,6 +292,7 @@ const PROC_IDENTITY: &str = "wc -c < /proc/cmdline; wc -c < /proc/sys/kernel/ran
 
 #[test]
 fn host_identifying_proc_entries_read_empty() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -291,6 +306,7 @@ fn host_identifying_proc_entries_read_empty() {
 
 #[test]
 fn a_profile_with_proc_full_sees_the_whole_procfs() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }

@@ -78,6 +78,7 @@ fn kind(result: &airlock::ToolResult) -> Option<ErrorKind> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_schema_a_model_is_shown_is_the_schema_enforced_and_all_of_stays_satisfiable() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -121,6 +122,7 @@ async fn the_schema_a_model_is_shown_is_the_schema_enforced_and_all_of_stays_sat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_argv_value_starting_with_a_dash_is_refused_before_any_sandbox() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -148,6 +150,7 @@ async fn an_argv_value_starting_with_a_dash_is_refused_before_any_sandbox() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_destructive_tool_waits_for_a_human_by_default() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -171,14 +174,16 @@ async fn a_destructive_tool_waits_for_a_human_by_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_that_is_not_concurrency_safe_runs_one_call_at_a_time_per_session() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
     let gate = Arc::new(gate());
     let mut events = gate.subscribe();
-    let pid = std::process::id();
-    let marker = |n: u32| format!("9{pid}{n}.5");
-    let start = |id: &'static str, session: &str, n: u32| {
+    // The sleeps of calls 1, 2 and 3.
+    let markers: Vec<String> = (0..3).map(|_| airlock_tests::sleep_marker()).collect();
+    let marker = |n: usize| markers[n - 1].clone();
+    let start = |id: &'static str, session: &str, n: usize| {
         let gate = Arc::clone(&gate);
         let cancel = CancelSignal::new();
         let opts = CallOptions {
@@ -193,7 +198,7 @@ async fn a_tool_that_is_not_concurrency_safe_runs_one_call_at_a_time_per_session
         });
         (task, cancel)
     };
-    let running = |n: u32| !host_processes_with(&format!("sleep {}", marker(n))).is_empty();
+    let running = |n: usize| !host_processes_with(&format!("sleep {}", marker(n))).is_empty();
 
     let (first, first_cancel) = start("first", "s1", 1);
     wait_until_async("the first call runs", || running(1)).await;
@@ -232,12 +237,12 @@ async fn a_tool_that_is_not_concurrency_safe_runs_one_call_at_a_time_per_session
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_cancelled_while_it_waits_for_its_turn_never_runs() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
     let gate = Arc::new(gate());
-    let pid = std::process::id();
-    let first_marker = format!("8{pid}1.5");
+    let first_marker = airlock_tests::sleep_marker();
     let opts = |cancel: &CancelSignal| CallOptions {
         cancel: Some(cancel.clone()),
         ..Default::default()
@@ -281,6 +286,7 @@ async fn a_call_cancelled_while_it_waits_for_its_turn_never_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unsafe_local_backend_refuses_what_would_wait_for_a_human_or_is_not_active() {
+    let _guard = airlock_tests::shared();
     use airlock::{Acknowledgement, Sandbox, UnsafeLocal};
     let text = POLICY.replace(
         "[tools.hold]\n",

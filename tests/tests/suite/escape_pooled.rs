@@ -4,8 +4,8 @@
 //! its own, so that its worker (and its template) is made after the previous call ended:
 //! the cases that plant something for the next call see it, as a cold call would.
 //!
-//! A test binary of its own: it sets a secret in the process environment, which no other
-//! test may race with.
+//! It runs alone (`airlock_tests::exclusive`): it puts a secret in the process environment
+//! for its duration, which no other test may race with.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -61,6 +61,30 @@ async fn pool_filled_or_refused(supervisor: &Supervisor, profile: &Arc<CompiledP
         }
     }
     cold.close().await;
+}
+
+/// A variable of this process's environment, removed again on drop (also when the test
+/// fails), so that no later test's tool or supervisor inherits it.
+struct SecretInEnvironment(&'static str);
+
+impl SecretInEnvironment {
+    /// Only while holding the suite alone (`airlock_tests::exclusive`): no other test runs
+    /// then, the threads earlier tests may leave behind (a supervisor's reapers) do not
+    /// read the environment, and std's own readers (`Command`, `env::var`) take the lock
+    /// this write holds.
+    fn set(name: &'static str, value: &str) -> Self {
+        // SAFETY: see above: no test runs beside this one to read the environment while
+        // it changes.
+        unsafe { std::env::set_var(name, value) };
+        Self(name)
+    }
+}
+
+impl Drop for SecretInEnvironment {
+    fn drop(&mut self) {
+        // SAFETY: as in `set`: the test that set it still holds the suite alone.
+        unsafe { std::env::remove_var(self.0) };
+    }
 }
 
 struct PooledRunner {
@@ -120,13 +144,12 @@ impl Runner for PooledRunner {
 
 #[test]
 fn every_attack_in_the_battery_ends_the_documented_way_in_pooled_workers() {
+    let _guard = airlock_tests::exclusive();
     if !sandbox_available() {
         return;
     }
-    // SAFETY: set before this binary's only test starts any other thread (the runtime is
-    // built below), so nothing reads the environment concurrently. The "supervisor
-    // environment" case fails if it reaches a tool.
-    unsafe { std::env::set_var("AIRLOCK_BATTERY_SECRET", "hunter2") };
+    // The "supervisor environment" case fails if it reaches a tool.
+    let _secret = SecretInEnvironment::set("AIRLOCK_BATTERY_SECRET", "hunter2");
     // Not below /tmp, and neither is the probe the profiles bind (a checkout may be there):
     // the battery's profiles mount a tmpfs on /tmp, and a bind below a per-worker tmpfs
     // keeps a profile from having a template.

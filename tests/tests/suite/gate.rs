@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use airlock::audit::AuditSink;
@@ -114,23 +114,7 @@ impl Buffer {
     }
 }
 
-/// Every log line of this test process, at every level.
-fn logs() -> &'static Buffer {
-    static LOGS: OnceLock<Buffer> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let buffer = Buffer::default();
-        let writer = buffer.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .init();
-        buffer
-    })
-}
-
 fn gate_with(clock: Option<Arc<FakeClock>>) -> Gate {
-    let _ = logs();
     let supervisor = airlock_tests::supervisor();
     let policy = load_policy_str(POLICY, "gate.toml").unwrap().policy;
     let gate = Gate::new(Arc::new(supervisor), policy);
@@ -154,6 +138,7 @@ fn kind(result: &airlock::ToolResult) -> Option<ErrorKind> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denials_name_the_rule_and_reviews_need_approval() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -191,6 +176,7 @@ async fn denials_name_the_rule_and_reviews_need_approval() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_and_unknown_or_inactive_tools_never_reach_a_sandbox() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -244,6 +230,7 @@ async fn bad_input_and_unknown_or_inactive_tools_never_reach_a_sandbox() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_mode_refuses_every_tool_that_is_not_read_only() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -265,6 +252,7 @@ async fn plan_mode_refuses_every_tool_that_is_not_read_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_executes_of_one_approval_run_exactly_once() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -318,6 +306,7 @@ async fn concurrent_executes_of_one_approval_run_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approvals_expire_are_single_use_and_die_with_a_policy_reload() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -369,6 +358,7 @@ command = ["/bin/echo", "-n", "{text}"]"#,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_shows_what_will_run_and_counts_against_the_proposers_session() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -402,6 +392,7 @@ async fn an_approval_shows_what_will_run_and_counts_against_the_proposers_sessio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn input_digests_are_keyed_per_gate() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -433,6 +424,7 @@ impl ApprovalCallback for Approver {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_callback_replaces_the_two_phase_flow() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -456,6 +448,7 @@ async fn an_approval_callback_replaces_the_two_phase_flow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_tools_are_retried_in_fresh_workers_up_to_the_limit() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -481,6 +474,7 @@ async fn failed_tools_are_retried_in_fresh_workers_up_to_the_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limits_refuse_calls_beyond_the_bucket() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -504,6 +498,7 @@ async fn rate_limits_refuse_calls_beyond_the_bucket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dry_run_decides_and_resolves_but_runs_nothing() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -533,9 +528,11 @@ async fn dry_run_decides_and_resolves_but_runs_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_in_arguments_reach_no_audit_record_event_or_log_line() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
+    let logs = crate::logs::Capture::start();
     let marker = "SECRET-MARKER-7f3a9c";
     let audit = Buffer::default();
     let gate = gate_with(None).with_audit(AuditSink::to_writer(Box::new(audit.clone())));
@@ -582,11 +579,11 @@ async fn secrets_in_arguments_reach_no_audit_record_event_or_log_line() {
         assert!(!event.contains(marker), "event: {event}");
     }
     assert!(
-        logs().text().contains("worker"),
+        logs.text().contains("worker"),
         "the log capture saw nothing"
     );
     assert!(
-        !logs().text().contains(marker),
+        !logs.text().contains(marker),
         "a log line carried the secret"
     );
 }

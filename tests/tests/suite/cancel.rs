@@ -10,6 +10,7 @@ use airlock_tests::{HANG_GUARD, host_processes_with, sandbox_available, wait_unt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_running_call_kills_its_worker() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -19,7 +20,7 @@ async fn dropping_a_running_call_kills_its_worker() {
         "default",
     )
     .unwrap();
-    let marker = format!("3{}.75", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let run = SandboxRun {
         call_id: "drop".into(),
         tool: "exec".into(),
@@ -46,6 +47,7 @@ async fn dropping_a_running_call_kills_its_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_call_returns_cancelled_and_kills_the_tree() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -55,7 +57,7 @@ async fn cancelling_a_call_returns_cancelled_and_kills_the_tree() {
         "default",
     )
     .unwrap();
-    let marker = format!("4{}.75", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let run = SandboxRun {
         call_id: "cancel".into(),
         tool: "exec".into(),

@@ -31,6 +31,7 @@ fn run_for(timeout: Duration) -> SandboxRun {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_frames_give_protocol_violation_and_a_killed_worker() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -74,6 +75,7 @@ async fn hostile_frames_give_protocol_violation_and_a_killed_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_worker_is_killed_at_the_deadline() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }

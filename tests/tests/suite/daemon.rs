@@ -14,7 +14,7 @@ use airlock_tests::daemon::{DAEMON_POLICY as POLICY, Daemon};
 
 /// The gateway client, compiled in and run as `python3 -` from stdin: a client running as
 /// another uid cannot be assumed to read the checkout (a clone below a 0700 directory).
-const CLIENT: &str = include_str!("../clients/daemon_client.py");
+const CLIENT: &str = include_str!("../../clients/daemon_client.py");
 
 /// Starts the gateway client on `socket` with `scenario` and its arguments, as `uid` if
 /// given, and hands it the script.
@@ -84,6 +84,7 @@ fn python(socket: &Path, scenario: &str, extra: &[&str]) -> String {
 
 #[test]
 fn a_python_gateway_calls_concurrently_cancels_and_survives_bad_requests() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -96,11 +97,12 @@ fn a_python_gateway_calls_concurrently_cancels_and_survives_bad_requests() {
 
 #[test]
 fn a_client_that_disconnects_mid_call_leaves_no_worker() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
     let daemon = Daemon::start(&[]);
-    let marker = format!("6{}.25", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let pattern = format!("sleep {marker}");
     let mut client = spawn_client(&daemon.socket, "disconnect", &[&marker], None);
     wait_while_client_runs(&mut client, "the call's tool runs", || {
@@ -122,6 +124,7 @@ fn a_client_that_disconnects_mid_call_leaves_no_worker() {
 
 #[test]
 fn sighup_reloads_a_valid_policy_and_keeps_the_old_one_when_invalid() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -193,6 +196,7 @@ fn tool_names(socket: &Path) -> String {
 
 #[test]
 fn sighup_with_a_changed_profile_kills_its_idle_workers_and_warms_the_new_one() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -238,6 +242,7 @@ fn sighup_with_a_changed_profile_kills_its_idle_workers_and_warms_the_new_one() 
 
 #[test]
 fn serve_refuses_a_pool_maximum_below_its_minimum_or_beyond_the_limit() {
+    let _guard = airlock_tests::shared();
     let cases: [(&[&str], &str); 3] = [
         (
             &["--pool", "4", "--pool-max", "2"],
@@ -272,6 +277,7 @@ fn serve_refuses_a_pool_maximum_below_its_minimum_or_beyond_the_limit() {
 
 #[test]
 fn a_peer_with_a_foreign_uid_is_refused() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -300,6 +306,7 @@ fn a_peer_with_a_foreign_uid_is_refused() {
 
 #[test]
 fn beyond_the_queue_calls_are_overloaded() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -309,6 +316,7 @@ fn beyond_the_queue_calls_are_overloaded() {
 
 #[test]
 fn calls_read_in_one_burst_are_admitted_in_order() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -323,6 +331,7 @@ fn calls_read_in_one_burst_are_admitted_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_client_calls_over_bincode_frames() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -341,11 +350,12 @@ async fn the_rust_client_calls_over_bincode_frames() {
 
 #[test]
 fn sigterm_removes_the_socket_and_leaves_no_worker_or_cgroup() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
     let mut daemon = Daemon::start(&["--grace", "200ms"]);
-    let marker = format!("7{}.25", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let pattern = format!("sleep {marker}");
     let mut client = spawn_client(&daemon.socket, "disconnect", &[&marker], None);
     // SIGTERM arrives while the call runs: the grace passes and the daemon ends it.

@@ -42,6 +42,7 @@ fn give_to_sandbox(path: &Path) {
 
 #[test]
 fn a_host_symlink_on_the_path_of_a_bind_is_followed() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -63,6 +64,7 @@ fn a_host_symlink_on_the_path_of_a_bind_is_followed() {
 
 #[test]
 fn a_bind_nested_in_a_writable_bind_stays_read_only() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -85,6 +87,7 @@ fn a_bind_nested_in_a_writable_bind_stays_read_only() {
 
 #[test]
 fn a_symlink_planted_on_a_nested_bind_path_fails_the_next_call_closed() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -148,6 +151,7 @@ fn mount_probe(method: &str) -> Option<serde_json::Value> {
 
 #[test]
 fn a_worker_told_its_root_is_a_templates_refuses_the_hosts_root_before_mounting() {
+    let _guard = airlock_tests::shared();
     let Some(report) = mount_probe("template-on-host") else {
         return;
     };
@@ -158,6 +162,7 @@ fn a_worker_told_its_root_is_a_templates_refuses_the_hosts_root_before_mounting(
 
 #[test]
 fn binds_by_descriptor_and_by_mount_syscall_give_the_same_root() {
+    let _guard = airlock_tests::shared();
     let (Some(preferred), Some(fallback)) =
         (mount_probe("preferred"), mount_probe("mount-syscall"))
     else {
@@ -180,6 +185,7 @@ fn binds_by_descriptor_and_by_mount_syscall_give_the_same_root() {
 
 #[test]
 fn a_built_root_covers_host_identifying_proc_entries_with_empty_read_only_ones() {
+    let _guard = airlock_tests::shared();
     for method in ["preferred", "mount-syscall"] {
         let Some(report) = mount_probe(method) else {
             return;

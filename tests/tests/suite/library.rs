@@ -32,6 +32,7 @@ input = { type = "object", properties = { seconds = { type = "string" } }, requi
 
 #[test]
 fn a_gateway_binary_with_the_entry_hook_runs_its_own_workers() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -55,6 +56,7 @@ fn a_gateway_binary_with_the_entry_hook_runs_its_own_workers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_backends_plug_in_behind_the_sandbox_trait_and_say_which_they_are() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -90,6 +92,7 @@ async fn both_backends_plug_in_behind_the_sandbox_trait_and_say_which_they_are()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_cancels_running_calls_and_leaves_nothing_behind() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -98,7 +101,7 @@ async fn close_cancels_running_calls_and_leaves_nothing_behind() {
         Arc::clone(&supervisor),
         load_policy_str(POLICY, "lib.toml").unwrap().policy,
     ));
-    let marker = format!("8{}.5", std::process::id());
+    let marker = airlock_tests::sleep_marker();
     let running = {
         let gate = Arc::clone(&gate);
         let marker = marker.clone();
@@ -150,6 +153,7 @@ async fn close_cancels_running_calls_and_leaves_nothing_behind() {
 /// would keep each one as a zombie for as long as the gateway runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_supervisor_does_not_adopt_the_gateways_orphans() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }

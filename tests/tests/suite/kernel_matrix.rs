@@ -104,6 +104,7 @@ fn sandbox_works_without_landlock(policy: &Path) -> bool {
 
 #[test]
 fn landlock_required_profile_fails_closed_without_landlock() {
+    let _guard = airlock_tests::shared();
     let scratch = Scratch::new("matrix-required");
     if !sandbox_works_without_landlock(&best_effort_landlock_policy(&scratch, &[])) {
         return;
@@ -134,6 +135,7 @@ fn landlock_required_profile_fails_closed_without_landlock() {
 
 #[test]
 fn best_effort_landlock_profile_runs_and_reports_what_it_got() {
+    let _guard = airlock_tests::shared();
     let scratch = Scratch::new("matrix-best-effort");
     let policy = best_effort_landlock_policy(&scratch, &[]);
     if !sandbox_works_without_landlock(&policy) {
@@ -163,6 +165,7 @@ fn best_effort_landlock_profile_runs_and_reports_what_it_got() {
 
 #[test]
 fn cgroup_version_is_reported_and_limits_apply() {
+    let _guard = airlock_tests::shared();
     let scratch = Scratch::new("matrix-cgroup");
     // best_effort Landlock, so this also runs on the boot without Landlock.
     let policy = best_effort_landlock_policy(&scratch, &[]);

@@ -37,6 +37,7 @@ impl Runner for ExecRunner {
 
 #[test]
 fn every_attack_in_the_battery_ends_the_documented_way() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -68,6 +69,7 @@ fn every_attack_in_the_battery_ends_the_documented_way() {
 
 #[test]
 fn airlock_selftest_passes_and_reports_every_case_as_json() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -96,6 +98,7 @@ fn airlock_selftest_passes_and_reports_every_case_as_json() {
 
 #[test]
 fn an_outcome_outside_the_accepted_list_fails_the_case() {
+    let _guard = airlock_tests::shared();
     // The judge, not the sandbox: an outcome outside the accepted list is a failure.
     let result = serde_json::json!({"stdout": "ok\n", "error": null});
     let observed = airlock_battery::observe(&result);

@@ -1,20 +1,21 @@
 //! Soak: thousands of calls (10,000 in CI: `AIRLOCK_SOAK_CALLS`) with injected faults —
 //! workers that crash, break the protocol or leave early, tools that run out of memory or
 //! past their deadline, callers that cancel — from several concurrent clients. Every call
-//! must get exactly one result of the kind its fault implies, and afterwards no process,
-//! cgroup directory, supervisor descriptor or mount of ours may remain.
+//! must get exactly one result of the kind its fault implies, and afterwards none of the
+//! processes, cgroup directories, supervisor descriptors or mounts it made may remain. It
+//! runs alone (`airlock_tests::exclusive`): those are the whole process's to count.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use airlock::{CancelSignal, ErrorKind, SandboxRun, Supervisor};
 use airlock_policy::{CompiledProfile, load_policy_str};
 use airlock_tests::{
-    HANG_GUARD, our_cgroup_dirs, our_children, sandbox_available, supervisor_with_hostile_worker,
-    test_policy,
+    HANG_GUARD, added_since, our_cgroup_dirs, our_children, sandbox_available,
+    supervisor_with_hostile_worker, test_policy,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,12 +120,18 @@ impl Rig {
     }
 }
 
+/// This process's descriptors, `<fd> -> <target>`, but for the one listing them: its number
+/// is the lowest free one, which changes as earlier tests' descriptors close.
 fn open_fds() -> Vec<String> {
+    let listing = format!("/proc/{}/fd", std::process::id());
     let mut fds: Vec<String> = std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .flatten()
         .filter_map(|e| {
             let target = std::fs::read_link(e.path()).ok()?;
+            if target == Path::new(&listing) {
+                return None;
+            }
             Some(format!(
                 "{} -> {}",
                 e.file_name().to_string_lossy(),
@@ -145,6 +152,7 @@ fn mount_count() -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_of_a_faulty_soak_gets_one_result_and_nothing_is_left_behind() {
+    let _guard = airlock_tests::exclusive();
     if !sandbox_available() {
         return;
     }
@@ -156,7 +164,9 @@ async fn every_call_of_a_faulty_soak_gets_one_result_and_nothing_is_left_behind(
     };
     let calls = env_number("AIRLOCK_SOAK_CALLS", 1000);
     let clients = env_number("AIRLOCK_SOAK_CLIENTS", 8);
+    // What earlier tests of the suite still have is theirs.
     let fds_before = open_fds();
+    let children_before = our_children();
     let mounts_before = mount_count();
 
     let scratch = airlock_tests::Scratch::new("soak");
@@ -176,6 +186,7 @@ async fn every_call_of_a_faulty_soak_gets_one_result_and_nothing_is_left_behind(
         .filter_map(|s| s.cgroups().ok())
         .flat_map(|p| p.dirs().into_iter().map(PathBuf::from))
         .collect();
+    let cgroups_before = our_cgroup_dirs(&parents);
 
     let started = Instant::now();
     let mut tasks = Vec::new();
@@ -226,13 +237,21 @@ async fn every_call_of_a_faulty_soak_gets_one_result_and_nothing_is_left_behind(
     for supervisor in [&rig.real, &rig.crash, &rig.garbage, &rig.early_exit] {
         supervisor.close().await;
     }
-    assert_eq!(our_children(), Vec::<String>::new(), "processes left");
     assert_eq!(
-        our_cgroup_dirs(&parents),
+        added_since(&children_before, our_children()),
+        Vec::<String>::new(),
+        "processes left"
+    );
+    assert_eq!(
+        added_since(&cgroups_before, our_cgroup_dirs(&parents)),
         Vec::<String>::new(),
         "cgroups left"
     );
     drop(rig);
     assert_eq!(mount_count(), mounts_before, "mounts left");
-    assert_eq!(open_fds(), fds_before, "supervisor descriptors left");
+    assert_eq!(
+        added_since(&fds_before, open_fds()),
+        Vec::<String>::new(),
+        "supervisor descriptors left"
+    );
 }

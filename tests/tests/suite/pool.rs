@@ -72,6 +72,7 @@ const INSIDE: &str = "cat /proc/self/uid_map; grep -E '^(CapEff|CapBnd|NoNewPriv
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -130,6 +131,7 @@ const HOST_VIEW: &str = "cut -d: -f3 /proc/self/cgroup | sort -u; wc -c < /proc/
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_workers_see_their_own_cgroup_root_and_a_masked_proc_like_cold_ones() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -159,6 +161,7 @@ fn kernel_version() -> (u32, u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_cgroup_starts_clean_and_one_that_hit_a_limit_is_not_reused() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -254,6 +257,7 @@ limits = { memory = "96MiB", pids = 64, timeout = "20s" }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_is_built_again_when_a_bound_file_is_replaced_and_later_workers_see_it() {
+    let _guard = airlock_tests::shared();
     // SAFETY: geteuid has no preconditions.
     if !sandbox_available() || unsafe { libc::geteuid() } != 0 {
         // Unprivileged supervisors have no templates (the fallback is the cold path).
@@ -301,6 +305,7 @@ env = {{ PATH = "/usr/bin:/bin" }}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_ones() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }
@@ -386,6 +391,7 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_grows_while_calls_find_it_empty_and_shrinks_back_when_they_stop() {
+    let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
     }

@@ -1,7 +1,8 @@
 //! Calls given up while their worker is still being spawned — a deadline shorter than the
 //! spawn, a cancellation at once, a caller that drops the call's future — answer with their
 //! own kind at once (the deadline does not wait for a slow spawn or exec to finish), and
-//! every worker so abandoned is killed and reaped: no process, zombie or cgroup is left.
+//! every worker so abandoned is killed and reaped: no process, zombie or cgroup is left. It
+//! runs alone (`airlock_tests::exclusive`): those are the whole process's to count.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use airlock::{CancelSignal, ErrorKind, SandboxRun};
 use airlock_policy::load_policy_str;
-use airlock_tests::{our_cgroup_dirs, our_children, sandbox_available};
+use airlock_tests::{added_since, our_cgroup_dirs, our_children, sandbox_available};
 
 #[derive(Debug, Clone, Copy)]
 enum GiveUp {
@@ -23,9 +24,12 @@ enum GiveUp {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_given_up_during_the_spawn_answer_and_leave_nothing_behind() {
+    let _guard = airlock_tests::exclusive();
     if !sandbox_available() {
         return;
     }
+    // What earlier tests of the suite still have is theirs.
+    let children_before = our_children();
     let supervisor = Arc::new(airlock_tests::supervisor());
     let policy = load_policy_str(
         airlock_policy::presets::preset_text("default").unwrap(),
@@ -34,6 +38,7 @@ async fn calls_given_up_during_the_spawn_answer_and_leave_nothing_behind() {
     .unwrap();
     let profile = Arc::clone(&policy.policy.profiles["default"]);
     let parents = supervisor.cgroups().map(|p| p.dirs()).unwrap_or_default();
+    let cgroups_before = our_cgroup_dirs(&parents);
 
     let mut clients = Vec::new();
     for client in 0..4u64 {
@@ -96,9 +101,13 @@ async fn calls_given_up_during_the_spawn_answer_and_leave_nothing_behind() {
     // close waits for the calls' clean-up and for the background reaping of workers whose
     // spawn was abandoned.
     supervisor.close().await;
-    assert_eq!(our_children(), Vec::<String>::new(), "processes left");
     assert_eq!(
-        our_cgroup_dirs(&parents),
+        added_since(&children_before, our_children()),
+        Vec::<String>::new(),
+        "processes left"
+    );
+    assert_eq!(
+        added_since(&cgroups_before, our_cgroup_dirs(&parents)),
         Vec::<String>::new(),
         "cgroups left"
     );

@@ -1,0 +1,34 @@
+//! The integration suite of `airlock-tests`, one test binary with a module per concern: the
+//! crate graph is linked once instead of once per file. `cargo test -p airlock-tests --test
+//! suite escape::` runs one module; test names are `module::test`.
+//!
+//! One binary is one process, and libtest runs tests of different modules at the same time.
+//! Some tests observe what belongs to the whole process, which every other test disturbs —
+//! its children, its worker cgroups, its descriptors — or change what the others rely on,
+//! its environment: `abandon`, `cleanup`, `soak` and `escape_pooled`. So every test begins
+//! by taking the suite's lock: those alone (`airlock_tests::exclusive()`), every other one
+//! shared (`airlock_tests::shared()`). `suite_rules` fails the suite when a test does not
+//! begin so, or when a file here is not one of its modules.
+
+mod abandon;
+mod builtins;
+mod cancel;
+mod cleanup;
+mod daemon;
+mod daemon_hostile;
+mod escape;
+mod escape_pooled;
+mod gate;
+mod isolation;
+mod kernel_matrix;
+mod library;
+mod limits;
+mod logs;
+mod mounts;
+mod network;
+mod pool;
+mod protocol_hostile;
+mod soak;
+mod source_layout;
+mod suite_rules;
+mod tool_contract;
