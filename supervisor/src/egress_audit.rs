@@ -24,14 +24,15 @@ pub(crate) async fn run_audited(
     session: Option<&str>,
     emit: impl Fn(Event),
 ) -> ToolResult {
+    // Boxed: inline, the sandbox's future made every gate call's future large enough to
+    // overflow a debug build's thread stack.
     if run.profile.egress.is_none() {
-        return supervisor.run(run, cancel).await;
+        return Box::pin(supervisor.run(run, cancel)).await;
     }
     let (call_id, tool) = (run.call_id.clone(), run.tool.clone());
     let (sender, mut receiver) = mpsc::channel::<EgressEvent>(EVENT_BUFFER);
     let sink: Arc<dyn EventSink> = Arc::new(sender);
-    let call = supervisor.run_observed(run, cancel, Some(sink));
-    tokio::pin!(call);
+    let mut call = Box::pin(supervisor.run_observed(run, cancel, Some(sink)));
     let to_event = |connection: &EgressEvent| Event::network(&call_id, session, &tool, connection);
     let result = loop {
         tokio::select! {

@@ -16,6 +16,7 @@ mod cancel;
 mod cleanup;
 mod daemon;
 mod daemon_hostile;
+mod egress;
 mod escape;
 mod escape_pooled;
 mod gate;

@@ -117,6 +117,7 @@ fn events(result: &serde_json::Value) -> Vec<serde_json::Value> {
 
 #[test]
 fn allowed_destinations_are_reached_by_forwarding_connect_and_socks5_from_curl_and_python() {
+    let _guard = airlock_tests::shared();
     if !clients_available() {
         return;
     }
@@ -170,6 +171,7 @@ fn allowed_destinations_are_reached_by_forwarding_connect_and_socks5_from_curl_a
 
 #[test]
 fn a_host_off_the_list_gets_a_403_that_says_why_and_is_never_contacted() {
+    let _guard = airlock_tests::shared();
     if !clients_available() {
         return;
     }
@@ -214,6 +216,7 @@ fn a_host_off_the_list_gets_a_403_that_says_why_and_is_never_contacted() {
 
 #[test]
 fn an_allowed_name_that_resolves_to_a_loopback_address_is_refused_after_resolution() {
+    let _guard = airlock_tests::shared();
     if !clients_available() {
         return;
     }
@@ -242,6 +245,7 @@ fn an_allowed_name_that_resolves_to_a_loopback_address_is_refused_after_resoluti
 
 #[test]
 fn a_host_header_that_disagrees_with_the_target_and_an_over_long_request_are_refused() {
+    let _guard = airlock_tests::shared();
     if !clients_available() {
         return;
     }
@@ -266,6 +270,7 @@ fn a_host_header_that_disagrees_with_the_target_and_an_over_long_request_are_ref
 
 #[test]
 fn the_hosts_services_udp_and_raw_sockets_stay_out_of_reach_around_the_proxy() {
+    let _guard = airlock_tests::shared();
     if !clients_available() {
         return;
     }
@@ -330,6 +335,7 @@ except OSError as e:
 
 #[test]
 fn ipv6_literals_are_matched_in_their_bracketed_form() {
+    let _guard = airlock_tests::shared();
     if !clients_available() {
         return;
     }
@@ -379,6 +385,7 @@ fn held_upstream() -> (u16, mpsc::Receiver<&'static str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_ends_with_its_call_and_every_connection_reaches_the_audit_log() {
+    let _guard = airlock_tests::shared();
     use airlock::audit::AuditSink;
     use airlock::{CallOptions, CancelSignal, Gate, ToolCall};
 
@@ -490,6 +497,7 @@ impl AuditBuffer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_workers_serve_egress_calls_each_through_its_own_listener() {
+    let _guard = airlock_tests::shared();
     use airlock::SandboxRun;
 
     if !clients_available() {
@@ -553,6 +561,7 @@ async fn pooled_workers_serve_egress_calls_each_through_its_own_listener() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_passing_the_wrong_descriptors_is_killed_as_a_protocol_violation() {
+    let _guard = airlock_tests::shared();
     use airlock::SandboxRun;
 
     if !sandbox_available() {
