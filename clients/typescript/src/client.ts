@@ -1,0 +1,617 @@
+/**
+ * `AirlockClient`: one connection to `airlock serve`, many requests in flight on it.
+ */
+
+import * as net from "node:net";
+
+import {
+  ClientClosedError,
+  ConnectError,
+  ConnectionLostError,
+  DaemonRefusedError,
+  ProtocolMismatchError,
+  RequestError,
+  TransportError,
+  WireError,
+  describe,
+} from "./errors.js";
+import {
+  PROTOCOL_VERSION,
+  type Answer,
+  type ApprovalAnswer,
+  type CallRequest,
+  type DryRunAnswer,
+  type ExecuteRequest,
+  type Health,
+  type ProposeRequest,
+  type Request,
+  type SetStateAnswer,
+  type Stats,
+  type ToolListing,
+  type ToolResult,
+  type ToolState,
+} from "./protocol.js";
+
+/** The daemon's longest request line (`MAX_REQUEST_BYTES`), newline included. */
+export const MAX_REQUEST_BYTES = 2 * 1024 * 1024;
+
+export interface ReconnectOptions {
+  /** Connection attempts after a drop, the first at once (default 5). */
+  attempts?: number;
+  /** Wait before the second attempt; doubled each time (default 50). */
+  initialDelayMs?: number;
+  /** Longest wait between attempts (default 2000). */
+  maxDelayMs?: number;
+}
+
+export interface OverloadRetryOptions {
+  /** Retries of a call answered `overloaded` (default 5). */
+  maxRetries?: number;
+  /** The longest `retry_after_ms` honoured; longer hints are cut to it (default 5000). */
+  maxDelayMs?: number;
+}
+
+export interface ConnectOptions {
+  /** Give up one connection attempt after this long (default 5000). */
+  connectTimeoutMs?: number;
+  /** Attempts `connect` makes before it throws (default 1: fail fast). */
+  connectAttempts?: number;
+  /** How a request after a dropped connection reconnects; `false`: it throws instead. */
+  reconnect?: ReconnectOptions | false;
+  /** How calls answered `overloaded` are retried; `false`: they return that result. */
+  overloadRetry?: OverloadRetryOptions | false;
+  /** The session of every call, propose and execute that names none. */
+  session?: string;
+}
+
+export interface CallOptions {
+  /** Aborting sends the daemon `cancel` for this call; it then resolves with kind `cancelled`. */
+  signal?: AbortSignal;
+  /** A deadline shorter than the tool's (`timeout_ms`); a longer one is cut to the tool's. */
+  timeoutMs?: number;
+  /** Rate limits, one-at-a-time queues and the audit log count calls by session. */
+  session?: string;
+  /** Names the call in its result and the audit log (default: a fresh one from the daemon). */
+  callId?: string;
+  /** Refuse every tool that is not read-only (`rule: "plan_mode"`). */
+  planMode?: boolean;
+  /** Validate and decide, run nothing: resolves with `{dry_run}` (or a refusal's record). */
+  dryRun?: boolean;
+}
+
+export interface ProposeOptions {
+  session?: string;
+  callId?: string;
+  planMode?: boolean;
+}
+
+export interface ExecuteOptions {
+  signal?: AbortSignal;
+  /** Must be the proposer's session (the daemon refuses another). */
+  session?: string;
+}
+
+/** The answer of `propose`: the stored approval, or the result record of a refusal. */
+export type ProposeResult = ApprovalAnswer | ToolResult;
+
+/** True for a `propose` answer that stored an approval. */
+export function isApproval(answer: ProposeResult): answer is ApprovalAnswer {
+  return "approval" in answer && !("call_id" in answer);
+}
+
+/** True for a `call` answer of a dry run. */
+export function isDryRun(answer: ToolResult | DryRunAnswer): answer is DryRunAnswer {
+  return "dry_run" in answer && !("call_id" in answer);
+}
+
+interface Pending {
+  resolve(answer: Answer): void;
+  reject(error: Error): void;
+}
+
+/** One socket and the requests in flight on it. */
+class Connection {
+  closed = false;
+  private readonly pending = new Map<string, Pending>();
+  private buffer = "";
+  private refusal: DaemonRefusedError | undefined;
+  private failure: Error | undefined;
+  private closeError: TransportError | undefined;
+  private readonly whenClosed: Promise<void>;
+
+  private constructor(
+    private readonly socket: net.Socket,
+    private readonly socketPath: string,
+  ) {
+    socket.setEncoding("utf8");
+    socket.on("data", (chunk: string) => this.onData(chunk));
+    socket.on("error", (error) => {
+      this.failure ??= error;
+    });
+    this.whenClosed = new Promise((resolve) => {
+      socket.on("close", () => {
+        this.onClose();
+        resolve();
+      });
+    });
+  }
+
+  static open(socketPath: string, timeoutMs: number): Promise<Connection> {
+    return new Promise((resolve, reject) => {
+      const socket = net.createConnection({ path: socketPath });
+      const timer = setTimeout(() => {
+        socket.destroy(new Error(`no connection within ${timeoutMs} ms`));
+      }, timeoutMs);
+      const failed = (error: Error) => {
+        clearTimeout(timer);
+        reject(error);
+      };
+      socket.once("error", failed);
+      socket.once("connect", () => {
+        clearTimeout(timer);
+        socket.off("error", failed);
+        const connection = new Connection(socket, socketPath);
+        // One turn of the event loop before the first write: a daemon turning the
+        // connection away writes its refusal line at once and closes, and a write to the
+        // closed socket (EPIPE) would discard that line unread.
+        setImmediate(() => resolve(connection));
+      });
+    });
+  }
+
+  /** Sends `request` under `id`; resolves with its answer line. */
+  send(id: string, request: Request): Promise<Answer> {
+    if (this.closed) {
+      return Promise.reject(this.lostError(1));
+    }
+    const line = JSON.stringify({ id, ...request }) + "\n";
+    const bytes = Buffer.byteLength(line);
+    if (bytes > MAX_REQUEST_BYTES) {
+      return Promise.reject(
+        new RequestError({
+          kind: "invalid_request",
+          message: `the request is ${bytes} bytes, more than the daemon's limit of ${MAX_REQUEST_BYTES} (not sent)`,
+        }),
+      );
+    }
+    return new Promise<Answer>((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      this.socket.write(line);
+    });
+  }
+
+  /** Asks the daemon to cancel request `target`, if it is still in flight here. */
+  cancel(cancelId: string, target: string): void {
+    if (this.closed || !this.pending.has(target)) {
+      return;
+    }
+    // The answer ({"cancelled": bool}) is of no use: the call's own answer says how it ended.
+    this.send(cancelId, { op: "cancel", target }).catch(() => {});
+  }
+
+  /** Closes the socket; requests in flight fail with `error`. */
+  destroy(error: TransportError): Promise<void> {
+    this.closeError ??= error;
+    this.socket.destroy();
+    return this.whenClosed;
+  }
+
+  private onData(chunk: string): void {
+    this.buffer += chunk;
+    let newline: number;
+    while ((newline = this.buffer.indexOf("\n")) >= 0) {
+      const line = this.buffer.slice(0, newline);
+      this.buffer = this.buffer.slice(newline + 1);
+      if (line.trim() !== "") {
+        this.onLine(line);
+      }
+    }
+  }
+
+  private onLine(line: string): void {
+    let answer: Answer;
+    try {
+      answer = JSON.parse(line) as Answer;
+    } catch (error) {
+      this.destroy(new WireError(`the daemon sent a line that is not JSON: ${describe(error)}`));
+      return;
+    }
+    if (answer === null || typeof answer !== "object" || !("id" in answer)) {
+      this.destroy(new WireError(`the daemon sent an answer without an id: ${line.slice(0, 200)}`));
+      return;
+    }
+    if (answer.id === null) {
+      // Not an answer to any request: the daemon turning the whole connection away (it
+      // closes it next). An id-less `invalid_request` (a line that is not JSON, or longer
+      // than 2 MiB) cannot come from this client, which sends neither.
+      if (answer.error && (answer.error.kind === "forbidden" || answer.error.kind === "overloaded")) {
+        this.refusal = new DaemonRefusedError(answer.error);
+      }
+      return;
+    }
+    const key = typeof answer.id === "string" ? answer.id : JSON.stringify(answer.id);
+    const pending = this.pending.get(key);
+    if (pending) {
+      this.pending.delete(key);
+      pending.resolve(answer);
+    }
+  }
+
+  private onClose(): void {
+    this.closed = true;
+    const waiting = [...this.pending.values()];
+    this.pending.clear();
+    const error = this.closeError ?? this.refusal ?? this.lostError(waiting.length);
+    for (const p of waiting) {
+      p.reject(error);
+    }
+  }
+
+  private lostError(inFlight: number): TransportError {
+    if (this.closeError) {
+      return this.closeError;
+    }
+    if (this.refusal) {
+      return this.refusal;
+    }
+    const why = this.failure ? `: ${describe(this.failure)}` : "";
+    return new ConnectionLostError(
+      `the connection to the airlock daemon at ${this.socketPath} was lost with ${inFlight} request(s) in flight${why}`,
+      { cause: this.failure },
+    );
+  }
+}
+
+const RECONNECT_DEFAULTS: Required<ReconnectOptions> = { attempts: 5, initialDelayMs: 50, maxDelayMs: 2000 };
+const OVERLOAD_DEFAULTS: Required<OverloadRetryOptions> = { maxRetries: 5, maxDelayMs: 5000 };
+
+/**
+ * A client of `airlock serve`. Requests share one connection and are matched to their
+ * answers by id, so any number may be in flight. Results of calls are the daemon's result
+ * records, unchanged: a tool or gate failure resolves (`ok: false`, `error.kind`), and only
+ * transport problems, a protocol mismatch and requests the daemon refuses as malformed
+ * throw.
+ */
+export class AirlockClient {
+  private connection: Connection | undefined;
+  private opening: Promise<Connection> | undefined;
+  private closed = false;
+  private readonly closing = new AbortController();
+  private counter = 0;
+  private readonly reconnect: Required<ReconnectOptions> | false;
+  private readonly overloadRetry: Required<OverloadRetryOptions> | false;
+  private lastHealth: Health | undefined;
+
+  private constructor(
+    readonly socketPath: string,
+    private readonly options: ConnectOptions,
+  ) {
+    this.reconnect = options.reconnect === false ? false : { ...RECONNECT_DEFAULTS, ...options.reconnect };
+    this.overloadRetry =
+      options.overloadRetry === false ? false : { ...OVERLOAD_DEFAULTS, ...options.overloadRetry };
+  }
+
+  /**
+   * Connects, asks `health` and checks the daemon's `protocol_version` against
+   * `PROTOCOL_VERSION`: another version throws `ProtocolMismatchError` naming both.
+   */
+  static async connect(socketPath: string, options: ConnectOptions = {}): Promise<AirlockClient> {
+    const client = new AirlockClient(socketPath, options);
+    const connection = await client.open(Math.max(1, options.connectAttempts ?? 1));
+    client.connection = connection;
+    return client;
+  }
+
+  /** The `health` answer of the current connection's handshake. */
+  get daemon(): Health | undefined {
+    return this.lastHealth;
+  }
+
+  /** Whether a connection is open now (a request opens one when not). */
+  get connected(): boolean {
+    return this.connection !== undefined && !this.connection.closed;
+  }
+
+  /** Every tool of the policy, with its state, schemas and limits. */
+  async tools(): Promise<ToolListing[]> {
+    const result = await this.simple<{ tools: ToolListing[] }>({ op: "tools" });
+    return result.tools;
+  }
+
+  async health(): Promise<Health> {
+    return this.simple<Health>({ op: "health" });
+  }
+
+  async stats(): Promise<Stats> {
+    return this.simple<Stats>({ op: "stats" });
+  }
+
+  /**
+   * Calls `tool` with `args` (a JSON value; default `{}`). Resolves with the result record
+   * for every outcome of the tool and the gate. With `dryRun` it resolves with `{dry_run}`
+   * instead (or the record of a refusal before deciding).
+   */
+  call(tool: string, args?: unknown, options?: CallOptions & { dryRun?: false }): Promise<ToolResult>;
+  call(tool: string, args: unknown, options: CallOptions & { dryRun: true }): Promise<ToolResult | DryRunAnswer>;
+  call(tool: string, args?: unknown, options?: CallOptions): Promise<ToolResult | DryRunAnswer>;
+  async call(tool: string, args: unknown = {}, options: CallOptions = {}): Promise<ToolResult | DryRunAnswer> {
+    const request: CallRequest = { op: "call", tool, arguments: args };
+    const session = options.session ?? this.options.session;
+    if (options.callId !== undefined) request.call_id = options.callId;
+    if (session !== undefined) request.session = session;
+    if (options.planMode) request.plan_mode = true;
+    if (options.timeoutMs !== undefined) request.timeout_ms = options.timeoutMs;
+    if (options.dryRun) request.dry_run = true;
+    return this.runCall(request, tool, options.signal);
+  }
+
+  /**
+   * Stores an approval for a call that needs a human: resolves with `{approval}` (exactly
+   * what `execute` will run), or with the result record of a refusal (invalid input,
+   * denied, ...). `isApproval` tells which.
+   */
+  async propose(tool: string, args: unknown = {}, options: ProposeOptions = {}): Promise<ProposeResult> {
+    const request: ProposeRequest = { op: "propose", tool, arguments: args };
+    const session = options.session ?? this.options.session;
+    if (options.callId !== undefined) request.call_id = options.callId;
+    if (session !== undefined) request.session = session;
+    if (options.planMode) request.plan_mode = true;
+    return this.simple<ProposeResult>(request);
+  }
+
+  /** Runs a stored approval once; resolves with its result record (`approval_invalid` when spent). */
+  async execute(approvalId: string, options: ExecuteOptions = {}): Promise<ToolResult> {
+    const request: ExecuteRequest = { op: "execute", approval_id: approvalId };
+    const session = options.session ?? this.options.session;
+    if (session !== undefined) request.session = session;
+    return (await this.runCall(request, "", options.signal)) as ToolResult;
+  }
+
+  /** Deletes a pending approval; resolves whether it existed. */
+  async reject(approvalId: string): Promise<boolean> {
+    const result = await this.simple<{ existed: boolean }>({ op: "reject", approval_id: approvalId });
+    return result.existed;
+  }
+
+  /** Makes a tool `active`, `deferred` or `suspended` (an unknown tool throws `RequestError`). */
+  async setState(tool: string, state: ToolState): Promise<SetStateAnswer> {
+    return this.simple<SetStateAnswer>({ op: "set_state", tool, state });
+  }
+
+  /** Closes the connection; requests in flight reject with `ClientClosedError` and the daemon cancels them. */
+  async close(): Promise<void> {
+    if (this.closed) {
+      return;
+    }
+    this.closed = true;
+    this.closing.abort();
+    const connection = this.connection;
+    this.connection = undefined;
+    if (connection) {
+      await connection.destroy(new ClientClosedError());
+    }
+  }
+
+  // ---- internals ------------------------------------------------------------------------
+
+  private nextId(): string {
+    this.counter += 1;
+    return `ts-${this.counter}`;
+  }
+
+  /** The open connection, or a new one (after a drop) within the reconnect bounds. */
+  private async current(): Promise<Connection> {
+    if (this.closed) {
+      throw new ClientClosedError();
+    }
+    if (this.connection && !this.connection.closed) {
+      return this.connection;
+    }
+    if (this.reconnect === false) {
+      throw new ConnectionLostError(
+        `the connection to the airlock daemon at ${this.socketPath} is closed and reconnect is off`,
+      );
+    }
+    if (!this.opening) {
+      this.opening = this.open(this.reconnect.attempts).then(
+        (connection) => {
+          this.opening = undefined;
+          if (this.closed) {
+            void connection.destroy(new ClientClosedError());
+            throw new ClientClosedError();
+          }
+          this.connection = connection;
+          return connection;
+        },
+        (error: unknown) => {
+          this.opening = undefined;
+          throw error;
+        },
+      );
+    }
+    return this.opening;
+  }
+
+  /** Up to `attempts` connections with a doubling delay between them, each checked by `health`. */
+  private async open(attempts: number): Promise<Connection> {
+    const backoff = this.reconnect === false ? RECONNECT_DEFAULTS : this.reconnect;
+    let lastError: unknown;
+    let delay = backoff.initialDelayMs;
+    for (let attempt = 1; attempt <= attempts; attempt += 1) {
+      if (attempt > 1) {
+        const hinted = lastError instanceof DaemonRefusedError ? (lastError.retryAfterMs ?? 0) : 0;
+        if (!(await pause(Math.max(delay, hinted), this.closing.signal))) {
+          throw new ClientClosedError();
+        }
+        delay = Math.min(delay * 2, backoff.maxDelayMs);
+      }
+      if (this.closed) {
+        throw new ClientClosedError();
+      }
+      let connection: Connection;
+      try {
+        connection = await Connection.open(this.socketPath, this.options.connectTimeoutMs ?? 5000);
+      } catch (error) {
+        lastError = error;
+        continue;
+      }
+      let answer: Answer;
+      try {
+        answer = await connection.send(this.nextId(), { op: "health" });
+      } catch (error) {
+        void connection.destroy(new ConnectionLostError("handshake failed"));
+        if (error instanceof DaemonRefusedError && error.kind === "forbidden") {
+          throw error;
+        }
+        lastError =
+          error instanceof ConnectionLostError
+            ? new ConnectionLostError(
+                `the airlock daemon at ${this.socketPath} closed the connection before answering the handshake ` +
+                  `(${describe(error.cause ?? error)}): it may be turning connections away (--max-connections) ` +
+                  "or refusing this peer, and closed before its refusal could be read",
+                { cause: error },
+              )
+            : error;
+        continue;
+      }
+      const health = answer.result as Health | undefined;
+      if (!health || health.protocol_version !== PROTOCOL_VERSION) {
+        void connection.destroy(new ConnectionLostError("protocol mismatch"));
+        throw new ProtocolMismatchError(PROTOCOL_VERSION, health?.protocol_version, health?.version);
+      }
+      this.lastHealth = health;
+      return connection;
+    }
+    if (lastError instanceof TransportError) {
+      throw lastError;
+    }
+    throw new ConnectError(this.socketPath, attempts, lastError);
+  }
+
+  /** One request whose answer is a `result`; an `error` answer throws `RequestError`. */
+  private async simple<T>(request: Request): Promise<T> {
+    const connection = await this.current();
+    const answer = await connection.send(this.nextId(), request);
+    if (answer.error) {
+      throw new RequestError(answer.error);
+    }
+    return answer.result as T;
+  }
+
+  /** A `call` or `execute`: cancellable, and retried while the daemon is `overloaded`. */
+  private async runCall(
+    request: CallRequest | ExecuteRequest,
+    tool: string,
+    signal: AbortSignal | undefined,
+  ): Promise<ToolResult | DryRunAnswer> {
+    let retries = 0;
+    let callId = request.op === "call" ? (request.call_id ?? "") : "";
+    for (;;) {
+      if (signal?.aborted) {
+        return notSent(callId, tool, "cancelled before it was sent to the daemon");
+      }
+      const connection = await raceAbort(this.current(), signal);
+      if (connection === undefined) {
+        return notSent(callId, tool, "cancelled while connecting to the daemon");
+      }
+      const id = this.nextId();
+      const answered = connection.send(id, request);
+      const onAbort = () => connection.cancel(this.nextId(), id);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      let answer: Answer;
+      try {
+        answer = await answered;
+      } finally {
+        signal?.removeEventListener("abort", onAbort);
+      }
+      if (answer.error) {
+        throw new RequestError(answer.error);
+      }
+      const result = answer.result as unknown as ToolResult | DryRunAnswer;
+      const retry = this.overloadRetry;
+      if (
+        retry !== false &&
+        "call_id" in result &&
+        result.error?.kind === "overloaded" &&
+        typeof result.error.retry_after_ms === "number" &&
+        retries < retry.maxRetries
+      ) {
+        retries += 1;
+        callId = result.call_id;
+        tool = result.tool;
+        const waited = Math.min(result.error.retry_after_ms, retry.maxDelayMs);
+        if (!(await pause(waited, signal, this.closing.signal))) {
+          if (this.closed) {
+            throw new ClientClosedError();
+          }
+          return notSent(callId, tool, "cancelled while waiting to retry an overloaded daemon");
+        }
+        continue;
+      }
+      return result;
+    }
+  }
+}
+
+/** The result record of a call cancelled before the daemon had it: nothing ran. */
+function notSent(callId: string, tool: string, message: string): ToolResult {
+  return {
+    call_id: callId,
+    tool,
+    ok: false,
+    output: null,
+    error: { kind: "cancelled", message },
+    exit_code: null,
+    signal: null,
+    stdout: "",
+    stderr: "",
+    stdout_truncated: false,
+    stderr_truncated: false,
+    duration_ms: 0,
+    attempts: 0,
+    usage: { cpu_ms: 0, peak_memory_bytes: null },
+    isolation: null,
+    network: null,
+  };
+}
+
+/** Waits `ms`; false when a signal aborted first. */
+function pause(ms: number, ...signals: (AbortSignal | undefined)[]): Promise<boolean> {
+  return new Promise((resolve) => {
+    const live = signals.filter((s): s is AbortSignal => s !== undefined);
+    if (live.some((s) => s.aborted)) {
+      resolve(false);
+      return;
+    }
+    const done = (elapsed: boolean) => {
+      clearTimeout(timer);
+      for (const s of live) s.removeEventListener("abort", aborted);
+      resolve(elapsed);
+    };
+    const aborted = () => done(false);
+    const timer = setTimeout(() => done(true), ms);
+    for (const s of live) s.addEventListener("abort", aborted, { once: true });
+  });
+}
+
+/** `promise`'s value, or undefined once `signal` aborts (the promise goes on unobserved). */
+function raceAbort<T>(promise: Promise<T>, signal: AbortSignal | undefined): Promise<T | undefined> {
+  if (!signal) {
+    return promise;
+  }
+  return new Promise((resolve, reject) => {
+    const aborted = () => resolve(undefined);
+    signal.addEventListener("abort", aborted, { once: true });
+    promise.then(
+      (value) => {
+        signal.removeEventListener("abort", aborted);
+        resolve(value);
+      },
+      (error: unknown) => {
+        signal.removeEventListener("abort", aborted);
+        if (signal.aborted) resolve(undefined);
+        else reject(error);
+      },
+    );
+  });
+}

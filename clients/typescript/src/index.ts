@@ -1,0 +1,16 @@
+export * from "./protocol.js";
+export * from "./errors.js";
+export {
+  AirlockClient,
+  MAX_REQUEST_BYTES,
+  isApproval,
+  isDryRun,
+  type CallOptions,
+  type ConnectOptions,
+  type ExecuteOptions,
+  type OverloadRetryOptions,
+  type ProposeOptions,
+  type ProposeResult,
+  type ReconnectOptions,
+} from "./client.js";
+export * from "./driver.js";
