@@ -140,20 +140,14 @@ impl WorkerCgroup {
 mod tests {
     use super::*;
     use crate::cgroup::fake_tree::{
-        HYBRID_MOUNTINFO, OWN_MEMORY, V2_MOUNTINFO, V2_OWN, detect_fake, hybrid_proc_self_cgroup,
-        hybrid_tree, limits, populate_like_kernel, v2_tree,
+        HYBRID_MOUNTINFO, OWN_MEMORY, V2_OWN, detect_fake, hybrid_proc_self_cgroup, hybrid_tree,
+        limits, populate_like_kernel, v2_parent, v2_tree,
     };
 
     #[test]
     fn v2_read_stats_counts_oom_kill_not_oom() {
         let tree = v2_tree();
-        let parent = detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        let parent = v2_parent(&tree);
         let worker = parent.create_worker_cgroup("w", &limits()).unwrap();
         let dir = format!("sys/fs/cgroup{V2_OWN}/airlock-workers/w");
         tree.write(
@@ -233,13 +227,7 @@ mod tests {
     #[test]
     fn is_populated_reads_cgroup_events_on_v2_and_procs_on_v1() {
         let tree = v2_tree();
-        let parent = detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        let parent = v2_parent(&tree);
         let worker = parent.create_worker_cgroup("w", &limits()).unwrap();
         assert!(!worker.is_populated().unwrap());
         tree.write(

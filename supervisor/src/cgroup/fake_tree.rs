@@ -214,6 +214,17 @@ pub(super) fn no_quota() -> CgroupLimits {
     }
 }
 
+/// The parent detected in [`v2_tree`], with our process in its own cgroup.
+pub(super) fn v2_parent(tree: &FakeTree) -> CgroupParent {
+    detect_fake(
+        tree,
+        &format!("0::{V2_OWN}\n"),
+        V2_MOUNTINFO,
+        populate_like_kernel,
+    )
+    .unwrap()
+}
+
 pub(super) fn hybrid_parent(tree: &FakeTree) -> CgroupParent {
     detect_fake(
         tree,

@@ -201,8 +201,7 @@ impl CgroupRecycler {
 mod tests {
     use super::*;
     use crate::cgroup::fake_tree::{
-        OWN_MEMORY, V2_MOUNTINFO, V2_OWN, detect_fake, hybrid_parent, hybrid_tree, limits,
-        no_quota, populate_like_kernel, v2_tree,
+        OWN_MEMORY, V2_OWN, hybrid_parent, hybrid_tree, limits, no_quota, v2_parent, v2_tree,
     };
     use std::fs;
     use std::path::{Path, PathBuf};
@@ -296,13 +295,7 @@ mod tests {
     #[test]
     fn v2_reuse_resets_memory_peak_through_a_read_write_counter_file() {
         let tree = v2_tree();
-        let parent = detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        let parent = v2_parent(&tree);
         let recycler = CgroupRecycler::default();
         recycler
             .recycle_or_remove(parent.create_worker_cgroup("w", &no_quota()).unwrap())
@@ -348,13 +341,7 @@ mod tests {
     #[test]
     fn once_a_peak_counter_cannot_be_reset_no_cgroup_is_kept_or_reused() {
         let tree = v2_tree();
-        let parent = detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        let parent = v2_parent(&tree);
         let recycler = CgroupRecycler::default();
         let first = parent.create_worker_cgroup("a", &no_quota()).unwrap();
         let first_dir = first.dirs[0].1.clone();

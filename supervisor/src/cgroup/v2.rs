@@ -142,7 +142,7 @@ fn create_dir_if_missing(ops: DirOps, path: &Path) -> Result<(), CgroupError> {
 #[cfg(test)]
 mod tests {
     use crate::cgroup::fake_tree::{
-        V2_MOUNTINFO, V2_OWN, detect_fake, populate_like_kernel, v2_tree,
+        V2_MOUNTINFO, V2_OWN, detect_fake, populate_like_kernel, v2_parent, v2_tree,
     };
     use std::fs;
 
@@ -150,13 +150,7 @@ mod tests {
     fn prepare_v2_parent_moves_supervisor_into_leaf_and_enables_controllers() {
         let tree = v2_tree();
         let own = format!("sys/fs/cgroup{V2_OWN}");
-        detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        v2_parent(&tree);
         assert_eq!(
             tree.read(&format!("{own}/airlock-supervisor/cgroup.procs")),
             "4242"
@@ -182,13 +176,7 @@ mod tests {
     fn prepare_v2_parent_is_idempotent_after_the_move() {
         let tree = v2_tree();
         let own = format!("sys/fs/cgroup{V2_OWN}");
-        detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        v2_parent(&tree);
         // What the kernel would now show.
         tree.write(&format!("{own}/cgroup.procs"), "4243\n");
         tree.write(
@@ -232,13 +220,7 @@ mod tests {
         let own = format!("sys/fs/cgroup{V2_OWN}");
         tree.write(&format!("{own}/cgroup.procs"), "");
         tree.write(&format!("{own}/cgroup.controllers"), "memory pids io\n");
-        let parent = detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        let parent = v2_parent(&tree);
         assert!(!tree.path(&format!("{own}/airlock-supervisor")).exists());
         assert_eq!(
             tree.read(&format!("{own}/cgroup.subtree_control")),

@@ -272,7 +272,7 @@ mod tests {
     use crate::cgroup::fake_tree::{
         HYBRID_MOUNTINFO, OWN_MEMORY, V2_MOUNTINFO, V2_OWN, detect_fake, hybrid_proc_self_cgroup,
         hybrid_tree, limits, populate_like_kernel, populate_like_kernel_with_broken_pids,
-        populate_like_kernel_without_swap_accounting, v2_tree,
+        populate_like_kernel_without_swap_accounting, v2_parent, v2_tree,
     };
 
     #[test]
@@ -353,13 +353,7 @@ mod tests {
     #[test]
     fn v2_worker_cgroup_gets_memory_swap_pids_cpu_and_oom_group() {
         let tree = v2_tree();
-        let parent = detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        let parent = v2_parent(&tree);
         let worker = parent
             .create_worker_cgroup("airlock-1-0", &limits())
             .unwrap();
@@ -402,13 +396,7 @@ mod tests {
     #[test]
     fn v2_kill_all_writes_one_to_cgroup_kill() {
         let tree = v2_tree();
-        let parent = detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        let parent = v2_parent(&tree);
         let worker = parent.create_worker_cgroup("w", &limits()).unwrap();
         worker.kill_all().unwrap();
         assert_eq!(
@@ -449,13 +437,7 @@ mod tests {
         assert!(worker.open_dir_v2().unwrap().is_none());
 
         let tree = v2_tree();
-        let parent = detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        let parent = v2_parent(&tree);
         let worker = parent.create_worker_cgroup("w", &limits()).unwrap();
         assert_eq!(worker.open_join_files().unwrap().len(), 1);
         assert!(worker.open_dir_v2().unwrap().is_some());
@@ -481,13 +463,7 @@ mod tests {
     #[test]
     fn dropping_a_worker_cgroup_removes_it() {
         let tree = v2_tree();
-        let parent = detect_fake(
-            &tree,
-            &format!("0::{V2_OWN}\n"),
-            V2_MOUNTINFO,
-            populate_like_kernel,
-        )
-        .unwrap();
+        let parent = v2_parent(&tree);
         let dir = parent.create_worker_cgroup("w", &limits()).unwrap().paths()[0].to_path_buf();
         assert!(!dir.exists());
     }

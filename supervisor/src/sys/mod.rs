@@ -299,8 +299,8 @@ pub struct Received {
     pub bytes: usize,
     /// Descriptors passed with those bytes, owned (close-on-exec).
     pub descriptors: Vec<OwnedFd>,
-    /// The kernel had more ancillary data than fits one descriptor's room; the excess was
-    /// closed by the kernel.
+    /// The sender passed more descriptors than the read had room for; the kernel closed the
+    /// excess.
     pub truncated: bool,
 }
 

@@ -95,13 +95,21 @@ fn answer(stream: TcpStream, seen: &Mutex<Vec<String>>) {
     );
 }
 
-/// A policy whose network is `network` (a TOML value), with a deadline that is only a
-/// hang guard.
-fn egress_policy(scratch: &Scratch, network: &str) -> std::path::PathBuf {
+/// The text of a policy whose network is `network` (a TOML value), with a deadline that is
+/// only a hang guard.
+fn policy_text(network: &str) -> String {
     let limits = format!("timeout = {}", airlock_tests::hang_guard_toml());
-    let text = test_policy(&[], &limits, "none")
-        .replace("network = \"none\"", &format!("network = {network}"));
-    scratch.write("p.toml", &text)
+    test_policy(&[], &limits, "none").replace("network = \"none\"", &format!("network = {network}"))
+}
+
+/// [`policy_text`] written to a file.
+fn egress_policy(scratch: &Scratch, network: &str) -> std::path::PathBuf {
+    scratch.write("p.toml", &policy_text(network))
+}
+
+/// The allowlist of tests that reach an upstream on this host's loopback at `port`.
+fn loopback_allowlist(port: u16) -> String {
+    format!(r#"{{ allow = ["127.0.0.1:{port}"], allow_addresses = ["127.0.0.1/32"] }}"#)
 }
 
 fn sh(policy: &Path, script: &str) -> serde_json::Value {
@@ -124,10 +132,7 @@ fn allowed_destinations_are_reached_by_forwarding_connect_and_socks5_from_curl_a
     let upstream = Upstream::start("127.0.0.1:0").unwrap();
     let port = upstream.port();
     let scratch = Scratch::new("egress-allowed");
-    let policy = egress_policy(
-        &scratch,
-        &format!(r#"{{ allow = ["127.0.0.1:{port}"], allow_addresses = ["127.0.0.1/32"] }}"#),
-    );
+    let policy = egress_policy(&scratch, &loopback_allowlist(port));
     let url = format!("http://127.0.0.1:{port}");
     let script = format!(
         "curl -sS {url}/forward && curl -sS -p {url}/tunnel && \
@@ -252,10 +257,7 @@ fn a_host_header_that_disagrees_with_the_target_and_an_over_long_request_are_ref
     let upstream = Upstream::start("127.0.0.1:0").unwrap();
     let port = upstream.port();
     let scratch = Scratch::new("egress-malformed");
-    let policy = egress_policy(
-        &scratch,
-        &format!(r#"{{ allow = ["127.0.0.1:{port}"], allow_addresses = ["127.0.0.1/32"] }}"#),
-    );
+    let policy = egress_policy(&scratch, &loopback_allowlist(port));
     let long = "a".repeat(20_000);
     let result = sh(
         &policy,
@@ -282,10 +284,7 @@ fn the_hosts_services_udp_and_raw_sockets_stay_out_of_reach_around_the_proxy() {
         udp.local_addr().unwrap().port(),
     );
     let scratch = Scratch::new("egress-bypass");
-    let policy = egress_policy(
-        &scratch,
-        &format!(r#"{{ allow = ["127.0.0.1:{tcp_port}"], allow_addresses = ["127.0.0.1/32"] }}"#),
-    );
+    let policy = egress_policy(&scratch, &loopback_allowlist(tcp_port));
     let script = r#"
 import socket, sys
 tcp, udp = int(sys.argv[1]), int(sys.argv[2])
@@ -393,13 +392,7 @@ async fn a_tunnel_ends_with_its_call_and_every_connection_reaches_the_audit_log(
         return;
     }
     let (port, told) = held_upstream();
-    let limits = format!("timeout = {}", airlock_tests::hang_guard_toml());
-    let profile = test_policy(&[], &limits, "none").replace(
-        "network = \"none\"",
-        &format!(
-            r#"network = {{ allow = ["127.0.0.1:{port}"], allow_addresses = ["127.0.0.1/32"] }}"#
-        ),
-    );
+    let profile = policy_text(&loopback_allowlist(port));
     // The tool opens a tunnel and keeps it open; a second request is refused by name.
     let text = format!(
         r#"{profile}
@@ -505,13 +498,7 @@ async fn pooled_workers_serve_egress_calls_each_through_its_own_listener() {
     }
     let upstream = Upstream::start("127.0.0.1:0").unwrap();
     let port = upstream.port();
-    let limits = format!("timeout = {}", airlock_tests::hang_guard_toml());
-    let text = test_policy(&[], &limits, "none").replace(
-        "network = \"none\"",
-        &format!(
-            r#"network = {{ allow = ["127.0.0.1:{port}"], allow_addresses = ["127.0.0.1/32"] }}"#
-        ),
-    );
+    let text = policy_text(&loopback_allowlist(port));
     let policy = airlock_policy::load_policy_str(&text, "pooled.toml")
         .unwrap()
         .policy;
@@ -567,15 +554,11 @@ async fn a_worker_passing_the_wrong_descriptors_is_killed_as_a_protocol_violatio
     if !sandbox_available() {
         return;
     }
-    let limits = format!("timeout = {}", airlock_tests::hang_guard_toml());
-    let egress_text = test_policy(&[], &limits, "none").replace(
-        "network = \"none\"",
-        r#"network = { allow = ["pypi.org"] }"#,
-    );
+    let egress_text = policy_text(r#"{ allow = ["pypi.org"] }"#);
     let egress = airlock_policy::load_policy_str(&egress_text, "egress.toml")
         .unwrap()
         .policy;
-    let plain = airlock_policy::load_policy_str(&test_policy(&[], &limits, "none"), "plain.toml")
+    let plain = airlock_policy::load_policy_str(&policy_text("\"none\""), "plain.toml")
         .unwrap()
         .policy;
     let cases = [
