@@ -45,10 +45,25 @@ pub fn create_executable_memfd(name: &CStr) -> io::Result<OwnedFd> {
 }
 
 /// Seals a memfd against every further change (shrink, grow, write, and re-sealing).
+///
+/// F_SEAL_WRITE fails with EBUSY while the kernel still holds transient references to
+/// pages just written (the kernel waits a little, then gives up); under load that happens
+/// now and then, so EBUSY is retried a bounded number of times before it is an error.
 pub fn seal_memfd(fd: &OwnedFd) -> io::Result<()> {
+    const ATTEMPTS: u32 = 8;
     let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE | libc::F_SEAL_SEAL;
-    // SAFETY: F_ADD_SEALS only changes the seals of a descriptor we own.
-    check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }).map(drop)
+    let mut attempt = 1;
+    loop {
+        // SAFETY: F_ADD_SEALS only changes the seals of a descriptor we own.
+        match check_int(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) }) {
+            Ok(_) => return Ok(()),
+            Err(error) if error.raw_os_error() == Some(libc::EBUSY) && attempt < ATTEMPTS => {
+                std::thread::sleep(std::time::Duration::from_millis(5 * u64::from(attempt)));
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// Asks the kernel to reclaim the whole pages inside `bytes` (MADV_PAGEOUT, Linux 5.4):
@@ -359,4 +374,38 @@ pub fn receive_with_descriptors(socket: &impl AsRawFd, buffer: &mut [u8]) -> io:
         descriptors,
         truncated: header.msg_flags & libc::MSG_CTRUNC != 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn sealing_a_memfd_that_stays_busy_gives_up_with_ebusy() {
+        let fd = create_executable_memfd(c"busy").unwrap();
+        let file = std::fs::File::from(fd.try_clone().unwrap());
+        file.set_len(4096).unwrap();
+        // SAFETY: a fresh shared, writable mapping of one page of our own memfd; nothing
+        // else uses the address, and it is unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        // A writable shared mapping keeps F_SEAL_WRITE busy for as long as it exists.
+        let error = seal_memfd(&fd).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::EBUSY));
+        // SAFETY: `map` is the one-page mapping made above, no longer used.
+        assert_eq!(unsafe { libc::munmap(map, 4096) }, 0);
+        seal_memfd(&fd).unwrap();
+        let seals = memfd_seals(&fd).unwrap();
+        assert_ne!(seals & libc::F_SEAL_WRITE, 0);
+    }
 }
