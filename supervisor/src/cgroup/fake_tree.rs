@@ -77,6 +77,7 @@ pub(super) fn populate_like_kernel(dir: &Path, kind: Controller) {
             ),
             ("memory.peak", "0\n"),
             ("memory.current", "8192\n"),
+            ("memory.reclaim", ""),
             ("pids.max", "max\n"),
             ("pids.events", "max 0\n"),
             ("cpu.max", "max 100000\n"),
@@ -96,6 +97,7 @@ pub(super) fn populate_like_kernel(dir: &Path, kind: Controller) {
             ("memory.max_usage_in_bytes", "0\n"),
             ("memory.memsw.max_usage_in_bytes", "0\n"),
             ("memory.usage_in_bytes", "8192\n"),
+            ("memory.force_empty", ""),
         ],
         Controller::Pids => &[
             ("cgroup.procs", ""),

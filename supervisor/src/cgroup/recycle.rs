@@ -40,15 +40,38 @@ impl WorkerCgroup {
             Ok(s) => return Some(format!("a limit was reached: {s:?}")),
             Err(e) => return Some(e.to_string()),
         }
-        let usage = match self.version {
-            CgroupVersion::V2 => self
-                .dir_of(Controller::Unified)
-                .map(|d| d.join("memory.current")),
-            CgroupVersion::V1 => self
-                .dir_of(Controller::Memory)
-                .map(|d| d.join("memory.usage_in_bytes")),
-        }?;
-        match read_file(&usage).and_then(|text| parse_number(&usage, &text)) {
+        let (usage, reclaim, request) = match self.version {
+            CgroupVersion::V2 => {
+                let dir = self.dir_of(Controller::Unified)?;
+                (
+                    dir.join("memory.current"),
+                    dir.join("memory.reclaim"),
+                    // Linux 5.19: reclaim this much from the cgroup, best effort.
+                    format!("{}", 4 * RECYCLE_MAX_LEFTOVER_BYTES),
+                )
+            }
+            CgroupVersion::V1 => {
+                let dir = self.dir_of(Controller::Memory)?;
+                // An empty v1 cgroup gives back all it can when 0 is written here.
+                (
+                    dir.join("memory.usage_in_bytes"),
+                    dir.join("memory.force_empty"),
+                    "0".to_string(),
+                )
+            }
+        };
+        let charged = || read_file(&usage).and_then(|text| parse_number(&usage, &text));
+        let bytes = match charged() {
+            Ok(bytes) if bytes > RECYCLE_MAX_LEFTOVER_BYTES => {
+                // Clean page cache and slab the last worker left behind are usually just
+                // over the bar; taking them back is cheaper than a new cgroup. A failed
+                // reclaim only means the cgroup is not reused.
+                let _ = write_optional_file(&reclaim, &request);
+                charged()
+            }
+            other => other,
+        };
+        match bytes {
             Ok(bytes) if bytes <= RECYCLE_MAX_LEFTOVER_BYTES => None,
             Ok(bytes) => Some(format!("{bytes} bytes still charged")),
             Err(e) => Some(e.to_string()),
@@ -290,6 +313,19 @@ mod tests {
             .unwrap();
         assert_eq!(recycler.len(), 0);
         assert!(recycler.take(&limits()).is_none());
+    }
+
+    #[test]
+    fn a_cgroup_charged_over_the_bar_is_asked_to_give_memory_back_before_it_is_judged() {
+        let memory = format!("sys/fs/cgroup/memory{OWN_MEMORY}/w");
+        let tree = hybrid_tree();
+        let parent = hybrid_parent(&tree);
+        let worker = parent.create_worker_cgroup("w", &no_quota()).unwrap();
+        tree.write(&format!("{memory}/memory.usage_in_bytes"), "1100000\n");
+        // The fake counter does not move, so the cgroup is still refused, but only after
+        // the kernel was asked to reclaim.
+        assert!(worker.not_recyclable_because().is_some());
+        assert_eq!(tree.read(&format!("{memory}/memory.force_empty")), "0");
     }
 
     #[test]
