@@ -140,6 +140,15 @@ pub(crate) struct Pending {
     pub(crate) arguments: String,
 }
 
+/// Why an approval was not handed to an executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TakeRefused {
+    /// Never proposed, already used, rejected, expired and reclaimed, or dropped in a reload.
+    Unknown,
+    /// Proposed in another session than the executor's.
+    OtherSession,
+}
+
 /// The pending approvals, bounded by the policy's `approvals.max_pending`.
 #[derive(Debug, Default)]
 pub(crate) struct ApprovalStore {
@@ -162,6 +171,22 @@ impl ApprovalStore {
     /// Takes one out: of several concurrent takers exactly one gets it.
     pub(crate) fn take(&mut self, approval_id: &str) -> Option<Pending> {
         self.pending.remove(approval_id)
+    }
+
+    /// Takes one out for an executor in `session` (`None`: an approver outside any
+    /// session, for whom the proposer's session counts). An executor from another session
+    /// is refused and the approval stays pending: a refused executor must not be able to
+    /// burn someone else's approval.
+    pub(crate) fn take_for(
+        &mut self,
+        approval_id: &str,
+        session: Option<&str>,
+    ) -> Result<Pending, TakeRefused> {
+        let pending = self.pending.get(approval_id).ok_or(TakeRefused::Unknown)?;
+        if session.is_some() && session != pending.approval.session.as_deref() {
+            return Err(TakeRefused::OtherSession);
+        }
+        self.pending.remove(approval_id).ok_or(TakeRefused::Unknown)
     }
 
     /// Keeps the approvals `still_valid` says are, after a policy reload.

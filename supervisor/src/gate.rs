@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 pub use crate::approvals::{Approval, canonical_json};
-use crate::approvals::{ApprovalStore, DigestKey, Pending, random_id, tool_version};
+use crate::approvals::{ApprovalStore, DigestKey, Pending, TakeRefused, random_id, tool_version};
 use crate::audit::{AuditSink, Event, EventKind, sanitize};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
@@ -727,11 +727,10 @@ impl Gate {
     /// Phase two: consumes the approval atomically (exactly one of several concurrent
     /// executes gets it), re-validates under the current policy, and runs the call.
     pub async fn execute(&self, approval_id: &str, opts: &CallOptions) -> ToolResult {
-        let pending = self
-            .approvals
-            .lock()
-            .ok()
-            .and_then(|mut store| store.take(approval_id));
+        let pending = match self.approvals.lock() {
+            Ok(mut store) => store.take_for(approval_id, opts.session.as_deref()),
+            Err(_) => Err(TakeRefused::Unknown),
+        };
         let invalid = |reason: &str| {
             ToolResult::rejected(
                 "",
@@ -745,10 +744,16 @@ impl Gate {
                 },
             )
         };
-        let Some(pending) = pending else {
-            return invalid(
-                "unknown, already used, rejected, or its tool changed in a policy reload",
-            );
+        let pending = match pending {
+            Ok(pending) => pending,
+            // The proposer's session is the one the call counts against: an executor
+            // cannot move it to a session with budget left.
+            Err(TakeRefused::OtherSession) => return invalid("it belongs to another session"),
+            Err(TakeRefused::Unknown) => {
+                return invalid(
+                    "unknown, already used, rejected, or its tool changed in a policy reload",
+                );
+            }
         };
         let call = ToolCall {
             call_id: pending.call_id.clone(),
@@ -770,11 +775,6 @@ impl Gate {
             return with_ids(invalid(
                 "the tool or its profile changed since it was proposed",
             ));
-        }
-        // The proposer's session is the one the call counts against: an executor cannot
-        // move it to a session with budget left.
-        if opts.session.is_some() && opts.session != pending.approval.session {
-            return with_ids(invalid("it belongs to another session"));
         }
         let prepared = match self.prepare(&call) {
             Ok(p) => p,
@@ -864,13 +864,29 @@ impl Gate {
     }
 }
 
-/// Why a call that waited for an earlier one of its tool and session never ran.
-/// The parts of a sandbox spec worth showing (not the BPF program itself).
+/// The parts of a sandbox spec worth showing (not the BPF program itself), as plain JSON a
+/// reviewer's tooling can read: mounts are objects tagged by their kind.
 fn sandbox_summary(profile: &airlock_policy::CompiledProfile) -> Value {
+    use airlock_protocol::{NetworkMode, Requirement};
+    let network = match profile.spec.network {
+        NetworkMode::None | NetworkMode::NoneShared => "none",
+        NetworkMode::Loopback => "loopback",
+        NetworkMode::Host => "host",
+    };
+    let landlock = match profile.spec.landlock.requirement {
+        Requirement::Required => "required",
+        Requirement::BestEffort => "best_effort",
+    };
+    let mounts: Vec<Value> = profile
+        .spec
+        .mounts
+        .iter()
+        .map(|mount| serde_json::to_value(mount).unwrap_or(Value::Null))
+        .collect();
     serde_json::json!({
-        "mounts": profile.spec.mounts.iter().map(|m| format!("{m:?}")).collect::<Vec<_>>(),
-        "network": format!("{:?}", profile.spec.network),
-        "landlock": {"read": profile.spec.landlock.read, "write": profile.spec.landlock.write, "requirement": format!("{:?}", profile.spec.landlock.requirement)},
+        "mounts": mounts,
+        "network": network,
+        "landlock": {"read": profile.spec.landlock.read, "write": profile.spec.landlock.write, "requirement": landlock},
         "seccomp_digest": profile.spec.seccomp.digest,
         "memory_bytes": profile.limits.memory_bytes,
         "pids": profile.limits.pids,

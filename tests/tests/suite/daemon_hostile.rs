@@ -301,6 +301,20 @@ fn dry_run_decides_and_describes_without_running_and_timeout_ms_shortens_the_dea
     let described = &answer["result"]["dry_run"];
     assert_eq!(described["decision"], "allow", "{answer}");
     assert_eq!(described["argv"], json!(["/bin/sleep", marker]), "{answer}");
+    // The sandbox is described in plain JSON, not in the supervisor's own notation.
+    let sandbox = &described["sandbox"];
+    assert_eq!(sandbox["network"], "none", "{answer}");
+    let requirement = &sandbox["landlock"]["requirement"];
+    assert!(
+        requirement == "required" || requirement == "best_effort",
+        "{answer}"
+    );
+    let mounts = sandbox["mounts"].as_array().unwrap();
+    assert!(
+        mounts.iter().any(|m| m["Bind"]["target"] == "/usr"),
+        "{answer}"
+    );
+    assert!(mounts.iter().all(Value::is_object), "{answer}");
     assert!(host_processes_with(&format!("sleep {marker}")).is_empty());
     assert_eq!(stats(&daemon)["calls"], 0);
 

@@ -357,7 +357,7 @@ command = ["/bin/echo", "-n", "{text}"]"#,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_approval_shows_what_will_run_and_counts_against_the_proposers_session() {
+async fn an_approval_shows_what_will_run_and_another_session_can_neither_move_nor_burn_it() {
     let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
@@ -388,6 +388,13 @@ async fn an_approval_shows_what_will_run_and_counts_against_the_proposers_sessio
     let moved = gate.execute(&approval.approval_id, &elsewhere).await;
     assert_eq!(kind(&moved), Some(ErrorKind::ApprovalInvalid));
     assert!(moved.error.unwrap().message.contains("session"));
+    // ... nor burn it: the approval is still there for its own session.
+    let proposers = CallOptions {
+        session: Some("proposer".into()),
+        ..Default::default()
+    };
+    let ran = gate.execute(&approval.approval_id, &proposers).await;
+    assert!(ran.ok, "{ran:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
