@@ -103,19 +103,21 @@ fn peer_approves(config: &DaemonConfig, uid: u32, gid: u32) -> bool {
         || config.approver_gids.contains(&gid)
 }
 
-/// One line of JSON, without an id, for a client the daemon will not serve.
-fn refusal_line(kind: &str, message: &str, retry_after_ms: Option<u64>) -> Vec<u8> {
+/// One line of JSON refusing a client or a request: `id` is null where the request it
+/// answers has none that can be read.
+fn refusal_line(id: &Value, kind: &str, message: &str, retry_after_ms: Option<u64>) -> Vec<u8> {
     let mut error = json!({"kind": kind, "message": message});
     if let Some(ms) = retry_after_ms {
         error["retry_after_ms"] = json!(ms);
     }
-    format!("{}\n", json!({"id": null, "error": error})).into_bytes()
+    format!("{}\n", json!({"id": id, "error": error})).into_bytes()
 }
 
 /// Says `overloaded` to a connection beyond `max_connections` and closes it, without
 /// waiting on a client that does not read.
 pub(super) fn turn_away(shared: &Shared, stream: UnixStream) {
     let line = refusal_line(
+        &Value::Null,
         "overloaded",
         &format!(
             "{} connections are open, the most this daemon serves",
@@ -162,7 +164,12 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
             .map(|c| format!("uid {} gid {}", c.uid(), c.gid()))
             .unwrap_or_else(|e| format!("unknown peer ({e})"));
         tracing::warn!(peer = %who, "refused a daemon client");
-        let line = refusal_line("forbidden", &format!("peer {who} is not allowed"), None);
+        let line = refusal_line(
+            &Value::Null,
+            "forbidden",
+            &format!("peer {who} is not allowed"),
+            None,
+        );
         let _ = write_within(&mut writer, &line, shared.config.write_timeout).await;
         return;
     }
@@ -253,6 +260,7 @@ async fn read_requests(conn: &Conn, reader: &mut tokio::net::unix::OwnedReadHalf
 async fn input_spent(shared: &Shared, answers: &Answers) {
     shared.stats.input_refused.fetch_add(1, Ordering::Relaxed);
     let line = refusal_line(
+        &Value::Null,
         "overloaded",
         &format!(
             "the daemon holds {} bytes of requests from its clients, its most; this connection is closed",
@@ -286,16 +294,13 @@ async fn serve_lines(
         scanned = buffer.len();
         if buffer.len() > MAX_REQUEST_BYTES {
             // Answer once, then discard the rest of this line.
-            answers
-                .send(
-                    refusal_line(
-                        "invalid_request",
-                        &format!("request larger than {MAX_REQUEST_BYTES} bytes"),
-                        None,
-                    ),
-                    None,
-                )
-                .await;
+            let line = refusal_line(
+                &super::wire::leading_id(&buffer),
+                "invalid_request",
+                &format!("request larger than {MAX_REQUEST_BYTES} bytes"),
+                None,
+            );
+            answers.send(line, None).await;
             buffer = Vec::new();
             scanned = 0;
             oversized = true;

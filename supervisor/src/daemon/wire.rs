@@ -194,7 +194,7 @@ fn parse_fields(text: &str) -> Result<Fields, RequestError> {
 pub fn parse_line(text: &str) -> (Value, Result<Op, RequestError>) {
     let fields = match parse_fields(text) {
         Ok(fields) => fields,
-        Err(e) => return (Value::Null, Err(e)),
+        Err(e) => return (leading_id(text.as_bytes()), Err(e)),
     };
     let (id, rest): (Vec<_>, Vec<_>) = fields.0.into_iter().partition(|(key, _)| key == "id");
     let id = match id.first() {
@@ -205,6 +205,42 @@ pub fn parse_line(text: &str) -> (Value, Result<Op, RequestError>) {
         Some((_, raw)) => serde_json::from_str(raw.get()).unwrap_or(Value::Null),
     };
     (id, op_from_fields(rest))
+}
+
+/// The id of a request that cannot be parsed whole (not JSON after its start, or too long
+/// to be read at all), when the request begins with it: `{"id": 7, ...` or
+/// `{"id": "r-1", ...`. Null otherwise, as for an id that is too long or not a number or
+/// string. Clients that put `id` first can thus match even these refusals.
+pub fn leading_id(request: &[u8]) -> Value {
+    let text = match std::str::from_utf8(request) {
+        Ok(text) => text,
+        Err(e) => std::str::from_utf8(&request[..e.valid_up_to()]).unwrap_or_default(),
+    };
+    let Some(rest) = text
+        .trim_start()
+        .strip_prefix('{')
+        .map(str::trim_start)
+        .and_then(|r| r.strip_prefix("\"id\""))
+        .map(str::trim_start)
+        .and_then(|r| r.strip_prefix(':'))
+        .map(str::trim_start)
+    else {
+        return Value::Null;
+    };
+    // One byte past the longest id, so that a longer one is seen to be cut off.
+    let mut end = rest.len().min(MAX_ID_BYTES + 1);
+    while !rest.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut values = serde_json::Deserializer::from_str(&rest[..end]).into_iter::<Value>();
+    match values.next() {
+        Some(Ok(id @ (Value::Number(_) | Value::String(_))))
+            if values.byte_offset() <= MAX_ID_BYTES =>
+        {
+            id
+        }
+        _ => Value::Null,
+    }
 }
 
 /// A bincode frame's op text (its id travels in the frame).
@@ -375,6 +411,35 @@ mod tests {
         };
         assert_eq!(call.arguments.unwrap().get(), r#"{"a": [1, 2]}"#);
         assert!(call.dry_run);
+    }
+
+    #[test]
+    fn a_request_that_cannot_be_read_whole_still_gets_its_leading_id_back() {
+        assert_eq!(leading_id(br#"{"id": 7, "op": "call", "tool": "#), json!(7));
+        assert_eq!(leading_id(br#" { "id" : "r-1","op":"#), json!("r-1"));
+        assert_eq!(
+            leading_id(b"{\"id\":\"caf\xc3\xa9\",\"op\":\xff"),
+            json!("caf\u{e9}")
+        );
+        // Not first, not a number or string, cut off, or too long: no id to give back.
+        assert_eq!(leading_id(br#"{"op":"call","id":7"#), Value::Null);
+        assert_eq!(leading_id(br#"{"id":{"a":1},"op":"call""#), Value::Null);
+        assert_eq!(leading_id(br#"{"id":"r-"#), Value::Null);
+        assert_eq!(leading_id(b"not json"), Value::Null);
+        let long = "x".repeat(MAX_ID_BYTES);
+        assert_eq!(
+            leading_id(format!(r#"{{"id":"{long}","op""#).as_bytes()),
+            Value::Null
+        );
+        let fits = "x".repeat(MAX_ID_BYTES - 2);
+        assert_eq!(
+            leading_id(format!(r#"{{"id":"{fits}","op""#).as_bytes()),
+            json!(fits)
+        );
+        // parse_line uses it for requests that are not JSON past their id.
+        let (id, op) = parse_line(r#"{"id": 9, "op": "call", oops}"#);
+        assert_eq!(id, json!(9));
+        assert!(matches!(op, Err(RequestError::NotJson { .. })));
     }
 
     #[test]

@@ -248,7 +248,8 @@ fn a_duplicate_in_flight_id_is_refused_and_a_disconnect_cancels_every_call() {
 }
 
 #[test]
-fn unknown_or_repeated_fields_are_refused_by_name_and_nothing_runs() {
+fn unknown_or_repeated_fields_are_refused_by_name_unreadable_requests_by_their_id_and_nothing_runs()
+{
     let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
@@ -283,6 +284,27 @@ fn unknown_or_repeated_fields_are_refused_by_name_and_nothing_runs() {
             "{request}: {answer}"
         );
     }
+    // Requests that cannot be read whole still get their id back when it comes first.
+    client
+        .stream
+        .write_all(b"{\"id\": \"broken-1\", \"op\": \"call\", oops}\n")
+        .unwrap();
+    let answer = client.next().unwrap();
+    assert_eq!(answer["id"], "broken-1", "{answer}");
+    assert_eq!(answer["error"]["kind"], "invalid_request", "{answer}");
+    let padding = "x".repeat(2 * airlock::daemon::MAX_REQUEST_BYTES);
+    let huge = format!(
+        r#"{{"id": 77, "op": "call", "tool": "echo", "arguments": {{"text": "{padding}"}}}}"#
+    );
+    client.stream.write_all(huge.as_bytes()).unwrap();
+    client.stream.write_all(b"\n").unwrap();
+    let answer = client.next().unwrap();
+    assert_eq!(answer["id"], 77, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("larger than"), "{answer}");
+    // ... and the connection goes on.
+    let answer = client.ask(json!({"id": 78, "op": "health"}));
+    assert_eq!(answer["id"], 78, "{answer}");
     assert_eq!(stats(&daemon)["calls"], 0, "nothing refused may run");
 }
 
