@@ -146,7 +146,13 @@ async fn write_within<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
+/// Serves one client; `place` is its place among `max_connections`, given back when the
+/// connection ends (a refused peer's at once).
+pub(super) async fn serve_connection(
+    shared: Arc<Shared>,
+    stream: UnixStream,
+    place: OwnedSemaphorePermit,
+) {
     shared.stats.connections.fetch_add(1, Ordering::Relaxed);
     let (mut reader, mut writer) = stream.into_split();
     let cred = reader.as_ref().peer_cred();
@@ -170,7 +176,11 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
             &format!("peer {who} is not allowed"),
             None,
         );
+        drop(place);
         let _ = write_within(&mut writer, &line, shared.config.write_timeout).await;
+        if let Ok(_lingering) = Arc::clone(&shared.lingering).try_acquire_owned() {
+            linger(reader, writer, shared.config.write_timeout).await;
+        }
         return;
     }
     // Set when the client stops taking answers or the writer fails: the reader stops too
@@ -235,6 +245,32 @@ pub(super) async fn serve_connection(shared: Arc<Shared>, stream: UnixStream) {
     cancel_all(&in_flight).await;
     drop(conn);
     let _ = write_task.await;
+    drop(place);
+}
+
+/// Ends a refused connection so that the client reads its refusal: the write side is shut
+/// (the client reads the answer, then end of file) and what the client sends meanwhile is
+/// read and dropped, up to a bound. Closed at once, a socket with unread bytes makes the
+/// client's next write fail with EPIPE and its pending request with ECONNRESET, and many
+/// clients then report that instead of the refusal.
+async fn linger(
+    mut reader: tokio::net::unix::OwnedReadHalf,
+    mut writer: tokio::net::unix::OwnedWriteHalf,
+    bound: Duration,
+) {
+    const MAX_DRAINED: usize = 64 << 10;
+    let _ = writer.shutdown().await;
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        let mut drained = 0;
+        while drained < MAX_DRAINED {
+            match reader.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(bound, drain).await;
 }
 
 async fn cancel_all(in_flight: &InFlight) {

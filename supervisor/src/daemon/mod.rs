@@ -156,6 +156,9 @@ fn output_budget(config: &DaemonConfig) -> usize {
 }
 
 /// Shared state of a running daemon.
+/// Refused connections wound down at once, at most; more are closed at once.
+const LINGERING_REFUSALS: usize = 8;
+
 #[derive(Debug)]
 struct Shared {
     gate: Arc<Gate>,
@@ -163,6 +166,9 @@ struct Shared {
     slots: Arc<Semaphore>,
     /// Open connections' places.
     connections: Arc<Semaphore>,
+    /// Refused peers' connections being wound down (see `connection::linger`): few, so that
+    /// peers the daemon refuses cannot hold many sockets open.
+    lingering: Arc<Semaphore>,
     input: Arc<budget::ByteBudget>,
     output: Arc<Semaphore>,
     stats: Stats,
@@ -212,6 +218,7 @@ pub async fn serve(
     let shared = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
         connections: Arc::new(Semaphore::new(config.max_connections.max(1))),
+        lingering: Arc::new(Semaphore::new(LINGERING_REFUSALS)),
         input: budget::ByteBudget::new(config.max_input_bytes.max(MAX_REQUEST_BYTES)),
         output: Arc::new(Semaphore::new(output_budget(&config))),
         gate,
@@ -229,10 +236,7 @@ pub async fn serve(
                     let shared = Arc::clone(&shared);
                     match Arc::clone(&shared.connections).try_acquire_owned() {
                         Ok(place) => {
-                            tokio::spawn(async move {
-                                connection::serve_connection(shared, stream).await;
-                                drop(place);
-                            });
+                            tokio::spawn(connection::serve_connection(shared, stream, place));
                         }
                         Err(_) => {
                             shared.stats.overloaded.fetch_add(1, Ordering::Relaxed);

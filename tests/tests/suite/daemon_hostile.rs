@@ -641,3 +641,48 @@ fn the_socket_takes_a_group_and_mode_for_allowed_groups_but_never_a_world_mode()
         assert!(!scratch.0.join("s.sock").exists());
     }
 }
+
+#[test]
+fn a_refused_peer_reads_its_refusal_even_when_it_writes_first() {
+    let _guard = airlock_tests::shared();
+    // SAFETY: geteuid has no preconditions.
+    if !sandbox_available() || unsafe { libc::geteuid() } != 0 {
+        // Only root can be a second, unlisted uid.
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let daemon = start(&["--socket-mode", "0660", "--socket-group", "65534"]);
+    let dir = daemon.socket.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    // The client waits for the refusal to arrive, as a client blocked in a first read does,
+    // and only then sends a request: a daemon that had closed the socket by then made that
+    // write fail with EPIPE, and the refusal was never read.
+    let client = r#"
+import select, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+select.select([s], [], [])
+s.sendall(b'{"id":1,"op":"health"}\n')
+data = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    data += chunk
+sys.stdout.write(data.decode())
+"#;
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", client])
+        .arg(&daemon.socket)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["error"]["kind"], "forbidden", "{answer}");
+    assert!(answer["id"].is_null(), "{answer}");
+    assert_eq!(stats(&daemon)["refused_peers"], 1);
+}
