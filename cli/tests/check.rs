@@ -80,6 +80,37 @@ fn check_reports_three_mistakes_as_three_located_diagnostics_and_exits_1() {
 }
 
 #[test]
+fn check_reports_typos_beside_other_mistakes_and_exits_1() {
+    let dir = std::env::temp_dir().join(format!("airlock-typo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("typos.toml");
+    std::fs::write(
+        &file,
+        "version = 1\n[profiles.default]\nlimits = { memroy = \"1GiB\", pids = 0 }\n\n[tools.t]\ndescription = \"d\"\nbuiltin = \"read_file\"\nside_efect = \"read\"\n",
+    )
+    .unwrap();
+    let out = airlock().arg("check").arg(&file).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let name = file.display().to_string();
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains(": error: ")).collect();
+    assert_eq!(
+        lines,
+        vec![
+            format!(
+                "{name}:3:12: error: unknown key `memroy` in `profiles.default.limits`; did you mean `memory`?"
+            ),
+            format!("{name}:3:36: error: limits.pids must be between 1 and 65536"),
+            format!(
+                "{name}:8:1: error: unknown key `side_efect` in `tools.t`; did you mean `side_effect`?"
+            ),
+        ],
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
 fn check_prints_warnings_but_exits_0_for_risky_valid_policies() {
     let dir = std::env::temp_dir().join(format!("airlock-warn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -18,11 +18,14 @@ pub mod seccomp;
 pub mod strict;
 pub mod syscalls;
 pub mod units;
+mod unknown_keys;
 pub mod validate;
 pub mod validated;
 
 pub use compile::{CompiledPolicy, CompiledProfile, CompiledTool};
 pub use diagnostic::{Diagnostic, Severity, Source};
+
+use serde::Deserialize;
 
 /// Why a policy could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -58,25 +61,70 @@ pub struct LoadedPolicy {
     pub warnings: Vec<Diagnostic>,
 }
 
-/// Step 1: parses TOML into the file model; syntax errors, unknown keys and wrong types
-/// come back as one diagnostic at their position.
-pub fn parse_policy_str(text: &str, file_name: &str) -> Result<model::PolicyFile, Diagnostic> {
-    let source = Source::new(file_name, text);
-    toml::from_str::<model::PolicyFile>(text).map_err(|e| {
-        let span = e.span().unwrap_or(0..0);
-        source.error(span, e.message().trim().to_string())
-    })
+/// Step 1: parses TOML into the file model. Syntax errors and wrong types come back as one
+/// diagnostic at their position; unknown keys as one diagnostic each, all of them.
+pub fn parse_policy_str(text: &str, file_name: &str) -> Result<model::PolicyFile, Vec<Diagnostic>> {
+    match parse_reporting_unknown_keys(text, Source::new(file_name, text)) {
+        (Some(file), errors) if errors.is_empty() => Ok(file),
+        (_, errors) => Err(errors),
+    }
 }
 
-/// Parses, validates and compiles policy text.
-pub fn load_policy_str(text: &str, file_name: &str) -> Result<LoadedPolicy, PolicyError> {
-    let invalid = |diagnostics| PolicyError::Invalid {
-        file: file_name.to_string(),
-        diagnostics,
+/// Step 1 without stopping at unknown keys: the model of the file with its unknown keys
+/// left out (`None` when the text is not TOML or a value has the wrong type), and every
+/// error found. The model exists only so that validation can go on and report the rest;
+/// a policy with any of these errors must be refused.
+fn parse_reporting_unknown_keys(
+    text: &str,
+    source: Source<'_>,
+) -> (Option<model::PolicyFile>, Vec<Diagnostic>) {
+    let located = |e: toml::de::Error| {
+        let span = e.span().unwrap_or(0..0);
+        source.error(span, e.message().trim().to_string())
     };
-    let file = parse_policy_str(text, file_name).map_err(|d| invalid(vec![d]))?;
-    let (validated, warnings) =
-        validate::validate_policy(&file, Source::new(file_name, text)).map_err(invalid)?;
+    let mut document = match toml::de::DeTable::parse(text) {
+        Ok(document) => document,
+        Err(e) => return (None, vec![located(e)]),
+    };
+    let mut errors = unknown_keys::remove_unknown_keys(&mut document, source);
+    // The model still denies unknown fields: should the schema ever know a key the model
+    // does not, the key is refused here rather than ignored.
+    match model::PolicyFile::deserialize(toml::de::Deserializer::from(document)) {
+        Ok(file) => (Some(file), errors),
+        Err(e) => {
+            errors.push(located(e));
+            errors.sort_by_key(|d| (d.line, d.column));
+            (None, errors)
+        }
+    }
+}
+
+/// Parses, validates and compiles policy text. Every error is reported at once: unknown
+/// keys beside the validation errors of the rest of the file.
+pub fn load_policy_str(text: &str, file_name: &str) -> Result<LoadedPolicy, PolicyError> {
+    let source = Source::new(file_name, text);
+    let invalid = |mut diagnostics: Vec<Diagnostic>| {
+        diagnostics.sort_by_key(|d| (d.line, d.column));
+        PolicyError::Invalid {
+            file: file_name.to_string(),
+            diagnostics,
+        }
+    };
+    let (file, mut errors) = parse_reporting_unknown_keys(text, source);
+    let Some(file) = file else {
+        return Err(invalid(errors));
+    };
+    let (validated, warnings) = match validate::validate_policy(&file, source) {
+        Ok(valid) => valid,
+        Err(diagnostics) => {
+            errors.extend(diagnostics);
+            return Err(invalid(errors));
+        }
+    };
+    if !errors.is_empty() {
+        errors.extend(warnings);
+        return Err(invalid(errors));
+    }
     let policy = compile::compile_policy(&validated, text)?;
     Ok(LoadedPolicy { policy, warnings })
 }

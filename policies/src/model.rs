@@ -1,5 +1,8 @@
 //! Step 1 of 3: the policy file exactly as written (serde model, unknown keys rejected).
 //!
+//! Unknown keys are first reported all at once, against the published schema, by
+//! `crate::unknown_keys`; `deny_unknown_fields` stays on every table as a second line.
+//!
 //! Every value keeps its byte span so validation can point at it. Fields whose allowed
 //! values are a closed set are kept as strings here, so that validation can report every
 //! bad one at once instead of stopping at the first.

@@ -70,7 +70,7 @@ fn syntax_errors_and_unknown_keys_are_located() {
     let found = errors("version = 1\n[profiles.default]\nmemroy = 1\n");
     assert_eq!(found.len(), 1);
     assert!(
-        found[0].starts_with("p.toml:3:1: error: unknown field `memroy`"),
+        found[0].starts_with("p.toml:3:1: error: unknown key `memroy` in `profiles.default`"),
         "{found:?}"
     );
 }

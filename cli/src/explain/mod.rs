@@ -139,7 +139,8 @@ fn validate_text(text: &str, name: &str) -> anyhow::Result<(ValidatedPolicy, Str
         }
         Err(other) => return Err(other.into()),
     };
-    let file = parse_policy_str(text, name).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let file =
+        parse_policy_str(text, name).map_err(|_| anyhow::anyhow!("policy {name} is invalid"))?;
     let (validated, _) = validate_policy(&file, Source::new(name, text))
         .map_err(|_| anyhow::anyhow!("policy {name} is invalid"))?;
     let warnings = loaded.warnings.iter().map(ToString::to_string).collect();
