@@ -58,13 +58,36 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
                 answers.send(reply(body), None).await;
                 return;
             }
+            // Decided before a slot is taken: a call the gate refuses (bad input, unknown
+            // tool, a rule) is answered at once and never waits for, or holds, a slot.
+            let admitted = match shared.gate.admit(&call, &opts) {
+                Ok(admitted) => admitted,
+                Err(result) => {
+                    answers.send(reply(json!({"result": result})), None).await;
+                    return;
+                }
+            };
+            let arguments_bytes = admitted.arguments_heap_bytes();
+            if arguments_bytes > shared.input.total() {
+                // No retry could ever make room: say so instead of `overloaded`.
+                let error = ToolError::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "the arguments take about {arguments_bytes} bytes once parsed, more than the daemon holds for all requests ({} bytes, --max-input-bytes)",
+                        shared.input.total()
+                    ),
+                );
+                let result = shared.gate.refuse(&call, &opts, error);
+                answers.send(reply(json!({"result": result})), None).await;
+                return;
+            }
             let started = Admission {
                 key,
+                arguments_bytes,
                 call: ToolCall {
                     arguments: String::new(),
-                    ..call.clone()
+                    ..call
                 },
-                arguments_bytes: call.arguments.len(),
                 session: opts.session.clone(),
             };
             spawn_call(
@@ -72,7 +95,7 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
                 started,
                 reply,
                 move |gate, opts_with_cancel| {
-                    Box::pin(async move { gate.call(&call, &opts_with_cancel).await })
+                    Box::pin(async move { gate.run_admitted(admitted, &opts_with_cancel).await })
                 },
                 opts,
             )

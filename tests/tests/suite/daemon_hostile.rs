@@ -358,7 +358,7 @@ fn dry_run_decides_and_describes_without_running_and_timeout_ms_shortens_the_dea
 }
 
 #[test]
-fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
+fn an_overloaded_answer_names_the_call_and_says_when_to_retry_and_refusals_need_no_slot() {
     let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
@@ -391,27 +391,24 @@ fn an_overloaded_answer_names_the_call_and_says_when_to_retry() {
         "{answer}"
     );
 
-    // Every refusal is audited, not only the calls that ran (with the slot free again, so
-    // these reach the gate).
-    drop(busy);
-    wait_until("the busy call is cancelled", || {
-        stats(&daemon)["in_flight"] == 0
-    });
+    // Calls the gate refuses need no slot: with the only one still busy, they get their
+    // own refusal at once, not `overloaded`. Every refusal is audited, not only the calls
+    // that ran.
     let mut other = connect(&daemon);
     let mut invalid = call(3, "echo", json!({"text": 5}));
     invalid["call_id"] = json!("c-3");
-    // The cancelled call's slot comes back once its undeliverable answer is dropped, a
-    // moment after in_flight reads 0: ask as a gateway would, again after retry_after_ms.
     assert_eq!(
-        other.ask_retrying(invalid)["result"]["error"]["kind"],
+        other.ask(invalid)["result"]["error"]["kind"],
         "invalid_input"
     );
     let mut unknown = call(4, "nope", json!({}));
     unknown["call_id"] = json!("c-4");
     assert_eq!(
-        other.ask_retrying(unknown)["result"]["error"]["kind"],
+        other.ask(unknown)["result"]["error"]["kind"],
         "unknown_tool"
     );
+    assert_eq!(stats(&daemon)["in_flight"], 1, "the busy call still runs");
+    drop(busy);
     let refusals = || -> Vec<(String, String)> {
         std::fs::read_to_string(&log)
             .unwrap_or_default()
@@ -685,4 +682,27 @@ sys.stdout.write(data.decode())
     assert_eq!(answer["error"]["kind"], "forbidden", "{answer}");
     assert!(answer["id"].is_null(), "{answer}");
     assert_eq!(stats(&daemon)["refused_peers"], 1);
+}
+
+#[test]
+fn arguments_count_against_the_input_budget_at_their_parsed_size() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    // 800 KB of text, within the tool's input limit, but some 13 MB once parsed: more than
+    // the whole budget, so no retry could help and the answer says why.
+    let daemon = start(&["--max-input", "2MiB"]);
+    let zeros = vec![0u8; 400_000];
+    let answer = connect(&daemon).ask(call(1, "big", json!({ "pad": zeros })));
+    let error = &answer["result"]["error"];
+    assert_eq!(error["kind"], "invalid_input", "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("once parsed"),
+        "{error}"
+    );
+    assert_eq!(stats(&daemon)["calls"], 0);
+    // A small call still runs.
+    let answer = connect(&daemon).ask(call(2, "echo", json!({"text": "hi"})));
+    assert_eq!(answer["result"]["ok"], true, "{answer}");
 }

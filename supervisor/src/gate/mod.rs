@@ -14,7 +14,6 @@ use airlock_policy::rules::{Decision, Verdict, decide};
 use airlock_policy::schema::{InputError, InputLimits};
 use airlock_policy::validate::{SideEffect, ToolState};
 use airlock_policy::{CompiledPolicy, CompiledTool};
-use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
@@ -28,6 +27,12 @@ use crate::rate::RateState;
 use crate::result::{ErrorKind, InputViolation, ToolError, ToolResult};
 use crate::sandbox::{SandboxRun, Supervisor};
 use crate::serial::Lanes;
+pub use dry_run::DryRun;
+
+mod dry_run;
+mod heap;
+
+use heap::json_heap_bytes;
 
 /// The time source of approvals and rate limits (injectable for tests).
 pub trait Clock: Send + Sync + std::fmt::Debug {
@@ -80,35 +85,6 @@ pub struct CallOptions {
 fn millis(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// What a dry run reports.
-#[derive(Debug, Clone, Serialize)]
-pub struct DryRun {
-    /// Tool name.
-    pub tool: String,
-    /// Decision.
-    pub decision: Decision,
-    /// Rule that fired.
-    pub rule: String,
-    /// Whether a human approval is needed before it runs.
-    pub approval_required: bool,
-    /// argv.
-    pub argv: Vec<String>,
-    /// Built-in, if any.
-    pub builtin: Option<String>,
-    /// Bytes that would go to stdin.
-    pub stdin_bytes: usize,
-    /// Environment.
-    pub env: Vec<(String, String)>,
-    /// Profile.
-    pub profile: String,
-    /// The sandbox spec the worker would build.
-    pub sandbox: Value,
-    /// Deadline, milliseconds.
-    pub timeout_ms: u64,
-    /// Input digest.
-    pub input_digest: String,
 }
 
 /// The gate in front of a [`Supervisor`].
@@ -174,6 +150,23 @@ fn unavailable(tool: &str, state: ToolState) -> ToolError {
 }
 
 /// A validated call, ready to decide or run.
+/// A call the gate decided may run (see [`Gate::admit`]).
+#[derive(Debug)]
+pub struct Admitted {
+    call: ToolCall,
+    prepared: Prepared,
+    verdict: Verdict,
+}
+
+impl Admitted {
+    /// About how many bytes of memory the call's parsed arguments take: a daemon counts
+    /// them against its input budget, since they can be many times their text's size.
+    pub fn arguments_heap_bytes(&self) -> usize {
+        self.call.arguments.capacity() + json_heap_bytes(&self.prepared.input)
+    }
+}
+
+#[derive(Debug)]
 struct Prepared {
     tool: CompiledTool,
     input: Value,
@@ -458,14 +451,21 @@ impl Gate {
 
     /// Runs one call through the whole gate.
     pub async fn call(&self, call: &ToolCall, opts: &CallOptions) -> ToolResult {
+        match self.admit(call, opts) {
+            Ok(admitted) => self.run_admitted(admitted, opts).await,
+            Err(result) => result,
+        }
+    }
+
+    /// The gate's decision on `call` before anything runs — validation, rules, plan mode,
+    /// approval — without taking a rate limit's token or a worker: a daemon asks this first,
+    /// so that a call the gate refuses never waits for, or holds, a concurrency slot.
+    pub fn admit(&self, call: &ToolCall, opts: &CallOptions) -> Result<Admitted, ToolResult> {
         let prepared = match self.prepare(call) {
             Ok(p) => p,
-            Err(error) => return self.refuse(call, opts, error),
+            Err(error) => return Err(self.refuse(call, opts, error)),
         };
-        let verdict = match self.decide(call, opts, &prepared) {
-            Ok(v) => v,
-            Err(result) => return result,
-        };
+        let verdict = self.decide(call, opts, &prepared)?;
         let needs_approval = verdict.decision == Decision::Review
             || prepared.tool.tool.approval == airlock_policy::validate::Approval::Human;
         if needs_approval {
@@ -495,13 +495,13 @@ impl Gate {
                     self.emit(event);
                 }
                 Some(false) => {
-                    return self.denied(
+                    return Err(self.denied(
                         call,
                         opts,
                         Some(&prepared.digest),
                         "approval_callback",
                         "the approval callback refused the call".into(),
-                    );
+                    ));
                 }
                 None => {
                     let mut event = Event::new(
@@ -514,7 +514,7 @@ impl Gate {
                     event.rule = Some(rule.clone());
                     event.input_digest = Some(prepared.digest.clone());
                     self.emit(event);
-                    return rejected(
+                    return Err(rejected(
                         call,
                         ToolError {
                             rule: Some(rule),
@@ -523,14 +523,28 @@ impl Gate {
                                 "this call needs a human approval: propose it, then execute the approval",
                             )
                         },
-                    );
+                    ));
                 }
             }
         }
-        if let Err(result) = self.check_rates(call, opts, &prepared) {
+        Ok(Admitted {
+            call: call.clone(),
+            prepared,
+            verdict,
+        })
+    }
+
+    /// Runs a call [`Gate::admit`] let through: its rate limits, then the sandbox.
+    pub async fn run_admitted(&self, admitted: Admitted, opts: &CallOptions) -> ToolResult {
+        let Admitted {
+            call,
+            prepared,
+            verdict,
+        } = admitted;
+        if let Err(result) = self.check_rates(&call, opts, &prepared) {
             return self.refused(opts, result);
         }
-        self.execute_prepared(call, opts, prepared, verdict).await
+        self.execute_prepared(&call, opts, prepared, verdict).await
     }
 
     async fn execute_prepared(
@@ -834,63 +848,4 @@ impl Gate {
             .map(|mut store| store.expire(now))
             .unwrap_or(0)
     }
-
-    /// Validates and decides, and says what would run — executing nothing.
-    pub fn dry_run(&self, call: &ToolCall, opts: &CallOptions) -> Result<DryRun, ToolResult> {
-        let prepared = self.prepare(call).map_err(|e| rejected(call, e))?;
-        let tool = &prepared.tool.tool;
-        let (decision, rule) = if opts.plan_mode && tool.side_effect != SideEffect::Read {
-            (Decision::Deny, "plan_mode".to_string())
-        } else {
-            let v = decide(&prepared.policy.gate, tool, &prepared.input);
-            (v.decision, v.rule)
-        };
-        let profile = prepared.policy.profiles.get(&tool.profile);
-        Ok(DryRun {
-            tool: tool.name.clone(),
-            decision,
-            rule,
-            approval_required: decision == Decision::Review
-                || tool.approval == airlock_policy::validate::Approval::Human,
-            argv: prepared.argv.clone(),
-            builtin: tool.builtin.map(|b| b.name().to_string()),
-            stdin_bytes: prepared.tool.render_stdin(&prepared.input).len(),
-            env: profile.map(|p| p.spec.env.clone()).unwrap_or_default(),
-            profile: tool.profile.clone(),
-            sandbox: profile.map_or(Value::Null, |p| sandbox_summary(p)),
-            timeout_ms: u64::try_from(tool.timeout.as_millis()).unwrap_or(u64::MAX),
-            input_digest: prepared.digest,
-        })
-    }
-}
-
-/// The parts of a sandbox spec worth showing (not the BPF program itself), as plain JSON a
-/// reviewer's tooling can read: mounts are objects tagged by their kind.
-fn sandbox_summary(profile: &airlock_policy::CompiledProfile) -> Value {
-    use airlock_protocol::{NetworkMode, Requirement};
-    let network = match profile.spec.network {
-        NetworkMode::None | NetworkMode::NoneShared => "none",
-        NetworkMode::Loopback => "loopback",
-        NetworkMode::Host => "host",
-    };
-    let landlock = match profile.spec.landlock.requirement {
-        Requirement::Required => "required",
-        Requirement::BestEffort => "best_effort",
-    };
-    let mounts: Vec<Value> = profile
-        .spec
-        .mounts
-        .iter()
-        .map(|mount| serde_json::to_value(mount).unwrap_or(Value::Null))
-        .collect();
-    serde_json::json!({
-        "mounts": mounts,
-        "network": network,
-        "landlock": {"read": profile.spec.landlock.read, "write": profile.spec.landlock.write, "requirement": landlock},
-        "seccomp_digest": profile.spec.seccomp.digest,
-        "memory_bytes": profile.limits.memory_bytes,
-        "pids": profile.limits.pids,
-        "cwd": profile.spec.cwd,
-        "hostname": profile.spec.hostname,
-    })
 }
