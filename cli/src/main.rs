@@ -21,6 +21,8 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod doctor;
 mod explain;
+mod mcp;
+mod reload;
 mod selftest;
 
 /// The dedicated worker program, built by `build.rs` from the `airlock-worker` crate; empty
@@ -246,6 +248,12 @@ enum Command {
         #[arg(long)]
         pool_max: Option<usize>,
     },
+    /// Serve the gate to one MCP client over stdin and stdout (JSON-RPC lines): the active
+    /// tools with the schemas the gate enforces, every call through the gate and a sandbox.
+    ///
+    /// SIGHUP reloads the policy (and announces a changed tool list); SIGTERM/SIGINT or the
+    /// end of stdin cancels the calls in flight and exits. See docs/mcp.md.
+    Mcp(mcp::McpArgs),
     /// Measure start-up latency, throughput, kill latency and memory against a bare
     /// fork+exec and bubblewrap, interleaved in one run.
     Bench(bench::BenchArgs),
@@ -595,10 +603,15 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
     let runtime = runtime()?;
     runtime.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
-        let supervisor = Arc::new(Supervisor::start(SupervisorOptions { sandbox_host_id: flags.sandbox_uid, ..supervisor_options() })?);
+        let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
+            sandbox_host_id: flags.sandbox_uid,
+            ..supervisor_options()
+        })?);
         if let Some(size) = flags.pool {
             // Warm every profile some tool uses; each call still gets a fresh worker.
-            supervisor.warm_exactly(&profiles_in_use(&loaded.policy), size).await;
+            supervisor
+                .warm_exactly(&profiles_in_use(&loaded.policy), size)
+                .await;
         }
         let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy);
         if let Some(audit) = audit {
@@ -620,25 +633,9 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
                     tokio::select! {
                         _ = term.recv() => break,
                         _ = interrupt.recv() => break,
-                        _ = hangup.recv() => match airlock_policy::load_policy_file(&policy_path) {
-                            Ok(loaded) => {
-                                let in_use = profiles_in_use(&loaded.policy);
-                                gate.reload(loaded.policy);
-                                tracing::info!(policy = %policy_path.display(), "policy reloaded; pending approvals invalidated");
-                                if let Some(size) = pool {
-                                    // Unchanged profiles keep their pools; changed and
-                                    // removed ones' idle workers are killed, new ones warmed.
-                                    supervisor.warm_exactly(&in_use, size).await;
-                                }
-                            }
-                            Err(e) => {
-                                let detail = match &e {
-                                    PolicyError::Invalid { diagnostics, .. } => diagnostics.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "),
-                                    other => other.to_string(),
-                                };
-                                tracing::error!(policy = %policy_path.display(), error = %detail, "policy reload refused; keeping the old policy");
-                            }
-                        },
+                        _ = hangup.recv() => {
+                            reload::reload_policy(&policy_path, &gate, &supervisor, pool).await;
+                        }
                     }
                 }
                 stop.cancel();
@@ -786,6 +783,7 @@ fn main() -> ExitCode {
                     pool,
                 })
             }),
+        Command::Mcp(args) => mcp::run_mcp(&args),
         Command::Doctor(args) => doctor::run_doctor(&args),
         Command::Bench(args) => bench::run_bench(&args),
         Command::Explain(args) => Ok(explain::run_explain(&args)),

@@ -51,6 +51,7 @@ pub mod egress;
 mod egress_audit;
 pub mod gate;
 pub mod listing;
+pub mod mcp;
 pub mod pool;
 mod rate;
 pub mod result;

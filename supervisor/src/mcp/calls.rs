@@ -1,0 +1,246 @@
+//! `tools/call`: admission (a unique request id, the bound on admitted calls, a running
+//! slot), the gate's call under the request's cancel signal, and approvals — proposed,
+//! then asked of the user with `elicitation/create` or answered `approval_required`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+
+use super::jsonrpc::{INVALID_PARAMS, INVALID_REQUEST, request_line, result_line};
+use super::{Session, lock, tools};
+use crate::call::ToolCall;
+use crate::cancel::CancelSignal;
+use crate::gate::{Approval, CallOptions};
+use crate::result::{ErrorKind, ToolError, ToolResult};
+
+/// A call id no other call of this process has: random where the OS can say, else counted
+/// (call ids key results and audit records; they need to be unique, not secret).
+fn fresh_call_id() -> String {
+    static COUNTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    crate::approvals::random_id().unwrap_or_else(|| {
+        let n = COUNTED.fetch_add(1, Ordering::Relaxed);
+        format!("call-{}-{n}", std::process::id())
+    })
+}
+
+/// The tool name and argument text of a `tools/call`, or the -32602 message.
+fn call_params(params: Option<Value>) -> Result<(String, String), &'static str> {
+    let Some(Value::Object(params)) = params else {
+        return Err("tools/call takes an object of params");
+    };
+    let Some(Value::String(name)) = params.get("name") else {
+        return Err("tools/call needs a \"name\" string");
+    };
+    let arguments = match params.get("arguments") {
+        None | Some(Value::Null) => "{}".to_string(),
+        Some(arguments @ Value::Object(_)) => arguments.to_string(),
+        Some(_) => return Err("\"arguments\" must be an object"),
+    };
+    Ok((name.clone(), arguments))
+}
+
+/// Admits a `tools/call` and runs it in its own task (answers may come out of order).
+pub(super) async fn start(
+    session: &Arc<Session>,
+    id: Value,
+    params: Option<Value>,
+    tasks: &mut JoinSet<()>,
+) {
+    let (tool, arguments) = match call_params(params) {
+        Ok(call) => call,
+        Err(message) => return session.error(&id, INVALID_PARAMS, message).await,
+    };
+    let call = ToolCall {
+        call_id: fresh_call_id(),
+        tool,
+        arguments,
+    };
+    let opts = CallOptions {
+        session: Some(session.session_id.clone()),
+        ..CallOptions::default()
+    };
+    let key = id.to_string();
+    let signal = CancelSignal::new();
+    let most = session.config.max_concurrent.max(1) + session.config.max_queued;
+    {
+        let mut table = lock(&session.in_flight);
+        if table.contains_key(&key) {
+            drop(table);
+            let message =
+                format!("request id {key} is already in flight; give every request its own id");
+            return session.error(&id, INVALID_REQUEST, &message).await;
+        }
+        if session.admitted.load(Ordering::SeqCst) >= most {
+            drop(table);
+            let error = ToolError {
+                retry_after_ms: Some(1000),
+                ..ToolError::new(
+                    ErrorKind::Overloaded,
+                    format!(
+                        "{most} calls are running or queued, the most this server takes; try again later"
+                    ),
+                )
+            };
+            let result = session.gate.refuse(&call, &opts, error);
+            let answer = tools::call_result(&result, false);
+            return session.send(result_line(&id, answer)).await;
+        }
+        session.admitted.fetch_add(1, Ordering::SeqCst);
+        table.insert(key.clone(), signal.clone());
+    }
+    let session = Arc::clone(session);
+    tasks.spawn(async move {
+        let answer = run(&session, call, opts, &signal).await;
+        lock(&session.in_flight).remove(&key);
+        session.admitted.fetch_sub(1, Ordering::SeqCst);
+        // A cancelled request is not answered (MCP's cancellation).
+        if let Some(answer) = answer.filter(|_| !signal.is_cancelled()) {
+            session.send(result_line(&id, answer)).await;
+        }
+    });
+}
+
+/// Runs an admitted call once a slot is free; none when it was cancelled first.
+async fn run(
+    session: &Session,
+    call: ToolCall,
+    opts: CallOptions,
+    signal: &CancelSignal,
+) -> Option<Value> {
+    let slot = tokio::select! {
+        slot = Arc::clone(&session.slots).acquire_owned() => slot.ok(),
+        () = signal.cancelled() => None,
+    };
+    let _slot = slot?;
+    let opts = CallOptions {
+        cancel: Some(signal.clone()),
+        ..opts
+    };
+    let mut result = session.gate.call(&call, &opts).await;
+    if result.error.as_ref().map(|e| e.kind) == Some(ErrorKind::ApprovalRequired) {
+        result = approve(session, &call, &opts, signal).await?;
+    }
+    let structured = session
+        .gate
+        .policy()
+        .tools
+        .get(&call.tool)
+        .and_then(|t| tools::structured_output(t.tool.output_schema.as_ref()))
+        .is_some();
+    Some(tools::call_result(&result, structured))
+}
+
+/// Proposes a call that needs a human's approval and, when the client can ask its user,
+/// asks; runs it only on an `accept`. Without elicitation the answer names the pending
+/// approval, for an approver to act on.
+async fn approve(
+    session: &Session,
+    call: &ToolCall,
+    opts: &CallOptions,
+    signal: &CancelSignal,
+) -> Option<ToolResult> {
+    let approval = match session.gate.propose(call, opts) {
+        Ok(approval) => approval,
+        Err(refused) => return Some(refused),
+    };
+    let rejected = |kind: ErrorKind, message: String| {
+        let error = ToolError {
+            rule: Some(approval.rule.clone()),
+            ..ToolError::new(kind, message)
+        };
+        ToolResult::rejected(&call.call_id, &call.tool, error)
+    };
+    if !session.client.get().is_some_and(|c| c.elicitation) {
+        let message = format!(
+            "this call needs a human approval: approval {} is pending ({})",
+            approval.approval_id, approval.reason
+        );
+        return Some(rejected(ErrorKind::ApprovalRequired, message));
+    }
+    let answer = ask(session, &approval, signal).await;
+    let action = match &answer {
+        Some(Ok(result)) => result.get("action").and_then(Value::as_str).unwrap_or(""),
+        _ => "",
+    };
+    if action != "accept" {
+        session.gate.reject(&approval.approval_id);
+        if signal.is_cancelled() {
+            return None;
+        }
+        let why = match &answer {
+            Some(Ok(_)) if action.is_empty() => "the client's answer had no action".to_string(),
+            Some(Ok(_)) => format!("the user chose {:?}", crate::audit::sanitize(action)),
+            Some(Err(_)) => "the client could not ask its user".to_string(),
+            None => "the client went away".to_string(),
+        };
+        let message = format!("approval {} was not given: {why}", approval.approval_id);
+        return Some(rejected(ErrorKind::Denied, message));
+    }
+    Some(session.gate.execute(&approval.approval_id, opts).await)
+}
+
+/// What the user is shown: the tool, why it needs approval, and what would run (rendered
+/// as JSON, so control characters in arguments cannot dress up the prompt).
+fn prompt(approval: &Approval) -> String {
+    let runs = match &approval.builtin {
+        Some(builtin) => format!("the built-in {builtin} with {}", approval.arguments),
+        None => Value::from(approval.argv_preview.clone()).to_string(),
+    };
+    format!(
+        "airlock: allow a call of tool {:?}? {}. It would run: {runs} (profile {}, approval {})",
+        approval.tool, approval.reason, approval.profile, approval.approval_id
+    )
+}
+
+/// Sends `elicitation/create` and waits for the client's answer; none when the call is
+/// cancelled or the session ends first.
+async fn ask(
+    session: &Session,
+    approval: &Approval,
+    signal: &CancelSignal,
+) -> Option<Result<Value, Value>> {
+    let n = session.next_ask.fetch_add(1, Ordering::Relaxed);
+    let id = Value::from(format!("airlock-elicit-{n}"));
+    let key = id.to_string();
+    let (answer, answered) = oneshot::channel();
+    lock(&session.asked).insert(key.clone(), answer);
+    let params = json!({
+        "message": prompt(approval),
+        // Accepting is the approval: nothing else to fill in.
+        "requestedSchema": {"type": "object", "properties": Map::new()},
+    });
+    session
+        .send(request_line(&id, "elicitation/create", params))
+        .await;
+    let answer = tokio::select! {
+        answer = answered => answer.ok(),
+        () = signal.cancelled() => None,
+    };
+    lock(&session.asked).remove(&key);
+    answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_params_are_checked_before_anything_runs() {
+        assert_eq!(
+            call_params(Some(json!({"name": "t"}))),
+            Ok(("t".into(), "{}".into()))
+        );
+        assert_eq!(
+            call_params(Some(json!({"name": "t", "arguments": {"a": 1}}))),
+            Ok(("t".into(), r#"{"a":1}"#.into()))
+        );
+        assert!(call_params(None).is_err());
+        assert!(call_params(Some(json!([1]))).is_err());
+        assert!(call_params(Some(json!({"name": 3}))).is_err());
+        assert!(call_params(Some(json!({"name": "t", "arguments": [1]}))).is_err());
+        assert!(call_params(Some(json!({"name": "t", "arguments": "{}"}))).is_err());
+    }
+}
