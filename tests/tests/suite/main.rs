@@ -25,6 +25,7 @@ mod kernel_matrix;
 mod library;
 mod limits;
 mod logs;
+mod mcp;
 mod mounts;
 mod network;
 mod pool;
