@@ -42,6 +42,15 @@ fn call_params(params: Option<Value>) -> Result<(String, String), &'static str> 
     Ok((name.clone(), arguments))
 }
 
+/// What admission decided of a call.
+enum Admission {
+    Admitted,
+    /// Its request id is already in flight.
+    IdInUse,
+    /// As many calls as the server takes are running or queued.
+    Full,
+}
+
 /// Admits a `tools/call` and runs it in its own task (answers may come out of order).
 pub(super) async fn start(
     session: &Arc<Session>,
@@ -65,16 +74,27 @@ pub(super) async fn start(
     let key = id.to_string();
     let signal = CancelSignal::new();
     let most = session.config.max_concurrent.max(1) + session.config.max_queued;
-    {
+    // Decided under the lock, answered after it: no lock is held across an await.
+    let admitted = {
         let mut table = lock(&session.in_flight);
         if table.contains_key(&key) {
-            drop(table);
+            Admission::IdInUse
+        } else if session.admitted.load(Ordering::SeqCst) >= most {
+            Admission::Full
+        } else {
+            session.admitted.fetch_add(1, Ordering::SeqCst);
+            table.insert(key.clone(), signal.clone());
+            Admission::Admitted
+        }
+    };
+    match admitted {
+        Admission::Admitted => {}
+        Admission::IdInUse => {
             let message =
                 format!("request id {key} is already in flight; give every request its own id");
             return session.error(&id, INVALID_REQUEST, &message).await;
         }
-        if session.admitted.load(Ordering::SeqCst) >= most {
-            drop(table);
+        Admission::Full => {
             let error = ToolError {
                 retry_after_ms: Some(1000),
                 ..ToolError::new(
@@ -88,8 +108,6 @@ pub(super) async fn start(
             let answer = tools::call_result(&result, false);
             return session.send(result_line(&id, answer)).await;
         }
-        session.admitted.fetch_add(1, Ordering::SeqCst);
-        table.insert(key.clone(), signal.clone());
     }
     let session = Arc::clone(session);
     tasks.spawn(async move {
