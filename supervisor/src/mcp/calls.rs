@@ -44,6 +44,7 @@ fn call_params(params: Option<Value>) -> Result<(String, String), &'static str> 
 
 /// What admission decided of a call.
 enum Admission {
+    /// In the in-flight table, counted; it runs once a slot is free.
     Admitted,
     /// Its request id is already in flight.
     IdInUse,
