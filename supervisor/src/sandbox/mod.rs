@@ -74,15 +74,19 @@ pub struct SupervisorOptions {
 /// The network namespace strategy for `network = "none"` profiles.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum NetworkNamespaces {
-    /// One empty network namespace, made by the supervisor and shared by those workers,
-    /// where that connects nobody: the supervisor may create it (root), the kernel scopes
-    /// abstract unix sockets per Landlock domain (ABI 6, Linux 6.12), and the profile
-    /// requires Landlock and seccomp (AF_UNIX only). Everything else gets a fresh one.
-    /// Creating and destroying a network namespace is most of a cold spawn's kernel work.
+    /// A fresh one per worker, always: concurrent calls share no network state. A pooled
+    /// worker's is made while it waits in the pool, off the call's path.
     #[default]
-    SharedWhenSafe,
-    /// A fresh one per worker, always.
     PerWorker,
+    /// Weaker, for a faster cold path: one empty network namespace, made by the supervisor
+    /// and shared by those workers, where that connects nobody: the supervisor may create
+    /// it (root), the kernel scopes abstract unix sockets per Landlock domain (ABI 6, Linux
+    /// 6.12), and the profile requires Landlock and seccomp (AF_UNIX only). Everything else
+    /// gets a fresh one. Workers sharing it still see each other's abstract socket names
+    /// (`/proc/net/unix`) and can take a name another call wants to bind first: a narrow
+    /// channel between concurrent calls, which is why this is not the default. Creating
+    /// and destroying a network namespace is most of a cold spawn's kernel work.
+    SharedWhenSafe,
 }
 
 /// Starts sandboxes. Cheap to share behind an `Arc`.

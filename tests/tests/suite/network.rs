@@ -151,23 +151,46 @@ limits = {{ timeout = {timeout} }}
     )
 }
 
-/// The network namespace strategy (see docs/ARCHITECTURE.md): with Landlock ABI 6 a root supervisor
-/// gives every `network = "none"` worker one shared, empty network namespace instead of
-/// creating one per worker. Two workers of one supervisor, running at the same time, must
-/// still be unable to reach each other: here through an abstract unix socket (the only
-/// socket family the filter leaves, and netns-scoped); IP sockets are refused outright,
-/// which `escape` checks. Holds on every kernel of the matrix: where sharing would not be
-/// safe (no ABI 6) each worker has its own namespace, and this says which one ran.
+/// The network namespace strategy (see docs/policy.md#network): by default every worker
+/// has its own network namespace, so two workers running at the same time share no network
+/// state at all. With the opt-in `SharedWhenSafe`, a root supervisor with Landlock ABI 6
+/// gives `network = "none"` workers one shared, empty namespace; they must still be unable
+/// to reach each other: here through an abstract unix socket (the only socket family the
+/// filter leaves, and netns-scoped); IP sockets are refused outright, which `escape`
+/// checks. Holds on every kernel of the matrix, and says which strategy ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
+async fn concurrent_workers_have_their_own_network_namespace_by_default() {
     let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    neighbours_cannot_reach_each_other(airlock::NetworkNamespaces::PerWorker, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_sharing_a_network_namespace_by_opt_in_cannot_reach_each_other() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    // Root with scoping available shares; otherwise every worker has its own namespace.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    neighbours_cannot_reach_each_other(
+        airlock::NetworkNamespaces::SharedWhenSafe,
+        root && landlock_abi() >= 6,
+    )
+    .await;
+}
+
+async fn neighbours_cannot_reach_each_other(
+    strategy: airlock::NetworkNamespaces,
+    expect_shared: bool,
+) {
     use std::sync::Arc;
 
     use airlock::{CallOptions, Gate, Supervisor, SupervisorOptions, ToolCall};
 
-    if !sandbox_available() {
-        return;
-    }
     let scratch = Scratch::new("net-neighbours");
     let shared_dir = scratch.0.join("shared");
     std::fs::create_dir(&shared_dir).unwrap();
@@ -185,12 +208,13 @@ async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
     let supervisor = Arc::new(
         Supervisor::start(SupervisorOptions {
             worker_program: Some((airlock_tests::airlock_bin(), Vec::new())),
+            network_namespaces: strategy,
             ..Default::default()
         })
         .unwrap(),
     );
     let gate = Arc::new(Gate::new(Arc::clone(&supervisor), policy));
-    let name = format!("airlock-neighbour-{}", std::process::id());
+    let name = format!("airlock-neighbour-{}-{strategy:?}", std::process::id());
     let ready_file = shared_dir.join("ready");
     let done_file = shared_dir.join("done");
     let call = |id: &str, tool: &str, arguments: serde_json::Value| ToolCall {
@@ -259,10 +283,7 @@ async fn workers_sharing_a_network_namespace_cannot_reach_each_other() {
             .iter()
             .any(|n| n == "net:shared")
     );
-    // Root with scoping available shares; otherwise every worker has its own namespace.
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    assert_eq!(shared, root && landlock_abi() >= 6, "{listen:?}");
+    assert_eq!(shared, expect_shared, "{listen:?}");
 
     let (outcome, listener_netns) = listen.stdout.trim().split_once(' ').unwrap();
     assert_eq!(outcome, "nobody", "{listen:?}");
