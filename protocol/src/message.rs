@@ -4,8 +4,11 @@
 //! [`SupervisorMessage::Hello`] with the same version, then sends `Setup`. The worker
 //! confines itself (it may send `Log` records meanwhile) and reports `Ready` (or
 //! `SetupFailed`, after which it exits), then waits for `Run`. For each run it may send `Log`
-//! records, then exactly one `Exited` or `RunFailed`. `Shutdown` ends the conversation and may
-//! be sent at any point. Anything else is a protocol violation.
+//! records, then exactly one `Exited` or `RunFailed`. While a run is going on the supervisor
+//! may send `Stop` (its deadline passed, or the call was cancelled): the worker ends the tool
+//! and everything it started and reports `Exited` with what the tool wrote until then.
+//! `Shutdown` ends the conversation and may be sent at any point. Anything else is a
+//! protocol violation.
 //!
 //! Each side checks this order as it reads: the supervisor (`airlock`'s `sandbox`) ends a
 //! worker that breaks it, the worker (`airlock-worker`'s `serve`) exits. [`crate::frame`]
@@ -16,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::spec::SandboxSpec;
 
 /// Version of this protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Messages sent by the (trusted) supervisor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +35,9 @@ pub enum SupervisorMessage {
     Run(RunRequest),
     /// End the conversation; the worker exits.
     Shutdown,
+    /// End the run going on now: kill the tool and everything it started, then report
+    /// `Exited` (with `stopped` set) holding the output read so far.
+    Stop,
 }
 
 impl SupervisorMessage {
@@ -42,6 +48,7 @@ impl SupervisorMessage {
             Self::Setup(_) => "Setup",
             Self::Run(_) => "Run",
             Self::Shutdown => "Shutdown",
+            Self::Stop => "Stop",
         }
     }
 }
@@ -189,4 +196,6 @@ pub struct ToolExit {
     pub user_cpu_us: u64,
     /// System CPU time, microseconds.
     pub system_cpu_us: u64,
+    /// The worker ended the tool because the supervisor said `Stop`.
+    pub stopped: bool,
 }

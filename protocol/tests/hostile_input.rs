@@ -219,7 +219,7 @@ fn unknown_message_variant_is_malformed() {
         }
     }
     assert!(matches!(
-        codec::decode::<SupervisorMessage>(&[4]),
+        codec::decode::<SupervisorMessage>(&[5]),
         Err(CodecError::Malformed { .. })
     ));
 }

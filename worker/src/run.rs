@@ -12,7 +12,12 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use airlock_protocol::{ExitStatus, RunRequest, SandboxSpec, StdioMode, ToolExit, WorkerMessage};
+use std::os::unix::net::UnixStream;
+
+use airlock_protocol::{
+    ExitStatus, RunRequest, SandboxSpec, StdioMode, SupervisorMessage, ToolExit, WorkerMessage,
+    read_frame,
+};
 
 use crate::builtin::{BuiltinPlan, plan_builtin, plan_builtin_with, runs_in_process};
 use crate::confine::StepTimings;
@@ -164,13 +169,52 @@ pub fn run_tool(
     request: &RunRequest,
     stack: &mut Option<ChildStack>,
     timings: &mut StepTimings,
+    control: &UnixStream,
 ) -> WorkerMessage {
-    match run_tool_inner(spec, request, stack, timings) {
+    let mut control = Control {
+        stream: control,
+        listening: true,
+        stopped: false,
+    };
+    match run_tool_inner(spec, request, stack, timings, &mut control) {
         Ok(exit) => WorkerMessage::Exited(exit),
         Err(error) => WorkerMessage::RunFailed {
             message: error.to_string(),
             errno: error.errno(),
         },
+    }
+}
+
+/// The supervisor's socket while a tool runs: it says `Stop` when the call's deadline passed
+/// or the call was cancelled, and the tool, with everything it started, is killed at once,
+/// so that what it wrote until then can still be reported.
+struct Control<'a> {
+    stream: &'a UnixStream,
+    /// Still watched: no `Stop` (or hang-up) seen yet.
+    listening: bool,
+    /// `Stop` came, or the supervisor went away.
+    stopped: bool,
+}
+
+impl Control<'_> {
+    fn pollfd(&self) -> Option<libc::pollfd> {
+        self.listening.then(|| libc::pollfd {
+            fd: self.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+    }
+
+    /// After a poll said the socket is readable (or hung up): reads what the supervisor
+    /// sent and ends the tool. Only `Stop` may come now; anything else, or the supervisor
+    /// gone, ends the tool just the same.
+    fn take(&mut self) {
+        let mut stream = self.stream;
+        // What it said does not matter: the one thing it may say is `Stop`.
+        let _ = read_frame::<_, SupervisorMessage>(&mut stream);
+        self.listening = false;
+        self.stopped = true;
+        let _ = sys::kill_every_other_process();
     }
 }
 
@@ -234,6 +278,7 @@ fn run_tool_inner(
     request: &RunRequest,
     stack: &mut Option<ChildStack>,
     timings: &mut StepTimings,
+    control: &mut Control<'_>,
 ) -> Result<ToolExit, RunError> {
     let builtin = request
         .builtin
@@ -403,7 +448,11 @@ fn run_tool_inner(
                     revents: 0,
                 });
             }
+            let watched = control.pollfd().inspect(|fd| fds.push(*fd)).is_some();
             let _ = sys::poll_descriptors(&mut fds, 20);
+            if watched && fds.last().is_some_and(|fd| fd.revents != 0) {
+                control.take();
+            }
             if stdout_open {
                 stdout_open = read_into(&stdout_read, &mut stdout, limit);
             }
@@ -434,7 +483,11 @@ fn run_tool_inner(
                         revents: 0,
                     })
                     .collect();
+                let watched = control.pollfd().inspect(|fd| fds.push(*fd)).is_some();
                 let _ = sys::poll_descriptors(&mut fds, 20);
+                if watched && fds.last().is_some_and(|fd| fd.revents != 0) {
+                    control.take();
+                }
             }
         }
     }
@@ -456,6 +509,7 @@ fn run_tool_inner(
         stderr_truncated: stderr.truncated,
         user_cpu_us,
         system_cpu_us,
+        stopped: control.stopped,
     })
 }
 
@@ -525,6 +579,7 @@ fn run_builtin_here(
         stderr_truncated: stderr.truncated,
         user_cpu_us: 0,
         system_cpu_us: 0,
+        stopped: false,
     }
 }
 

@@ -127,6 +127,7 @@ fn rehearse_while_idle(stream: &UnixStream, stack: &mut Option<ChildStack>) {
                 stderr_truncated: false,
                 user_cpu_us: 0,
                 system_cpu_us: 0,
+                stopped: false,
             }),
         );
     }
@@ -195,13 +196,16 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
         match receive(&mut stream) {
             Some(SupervisorMessage::Run(request)) => {
                 let mut timings = StepTimings::default();
-                let report = run_tool(&spec, &request, &mut stack, &mut timings);
+                let report = run_tool(&spec, &request, &mut stack, &mut timings, &stream);
                 let steps = format!("run steps: {}", timings.summary());
                 if !send_after_log(&mut stream, steps, &report) {
                     return exit_code::PROTOCOL;
                 }
             }
-            Some(SupervisorMessage::Shutdown) | None => return exit_code::OK,
+            // A Stop that crossed the report on its way: the run is over already.
+            Some(SupervisorMessage::Shutdown | SupervisorMessage::Stop) | None => {
+                return exit_code::OK;
+            }
             Some(_) => {
                 let _ = send(
                     &mut stream,

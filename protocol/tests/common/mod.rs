@@ -145,6 +145,7 @@ pub fn supervisor_message() -> impl Strategy<Value = SupervisorMessage> {
         sandbox_spec().prop_map(|spec| SupervisorMessage::Setup(Box::new(spec))),
         run_request().prop_map(SupervisorMessage::Run),
         Just(SupervisorMessage::Shutdown),
+        Just(SupervisorMessage::Stop),
     ]
 }
 
@@ -195,9 +196,11 @@ prop_compose! {
         stderr_truncated in any::<bool>(),
         user_cpu_us in any::<u64>(),
         system_cpu_us in any::<u64>(),
+        stopped in any::<bool>(),
     ) -> ToolExit {
         ToolExit {
             status, stdout, stderr, stdout_truncated, stderr_truncated, user_cpu_us, system_cpu_us,
+            stopped,
         }
     }
 }
@@ -309,6 +312,7 @@ pub fn sample_supervisor_messages() -> Vec<SupervisorMessage> {
             builtin: None,
         }),
         SupervisorMessage::Shutdown,
+        SupervisorMessage::Stop,
     ]
 }
 
@@ -342,6 +346,7 @@ pub fn sample_worker_messages() -> Vec<WorkerMessage> {
             stderr_truncated: false,
             user_cpu_us: 1200,
             system_cpu_us: 800,
+            stopped: false,
         }),
         WorkerMessage::Exited(ToolExit {
             status: ExitStatus::Signal(31),
@@ -351,6 +356,7 @@ pub fn sample_worker_messages() -> Vec<WorkerMessage> {
             stderr_truncated: true,
             user_cpu_us: 5,
             system_cpu_us: 7,
+            stopped: true,
         }),
         WorkerMessage::RunFailed {
             message: "exec failed".into(),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use airlock_protocol::{RunRequest, StdioMode, SupervisorMessage, WorkerMessage};
+use airlock_protocol::{RunRequest, StdioMode, SupervisorMessage, ToolExit, WorkerMessage};
 
 use super::deadline::{Bounds, sleep_until_precise, wait_cancel};
 use super::lease::{WorkerLease, reap_worker, release_later, wait_for_exit};
@@ -176,17 +176,59 @@ impl Supervisor {
         let proxy =
             egress.and_then(|listener| self.start_egress(listener, &run.profile, network_events));
         let request = (!run_sent).then(|| run_request(run));
-        let conversation = {
-            let talk = run_over(&mut channel, request);
+        // Whether the whole Run is out: only then may a Stop follow it on the stream.
+        let run_out = std::sync::atomic::AtomicBool::new(request.is_none());
+        let ended = {
+            let talk = run_over(&mut channel, request, &run_out);
             tokio::pin!(talk);
             tokio::select! {
-                outcome = &mut talk => match outcome {
+                outcome = &mut talk => Err(match outcome {
                     Ok(report) => Conversation::Finished { applied: applied.clone(), report },
                     Err(broken) => broken,
-                },
-                () = sleep_until_precise(bounds.deadline) => Conversation::TimedOut { applied: Some(applied.clone()) },
-                () = wait_cancel(bounds.cancel) => Conversation::Cancelled { applied: Some(applied.clone()) },
-                () = self.closing.cancelled() => Conversation::Cancelled { applied: Some(applied.clone()) },
+                }),
+                () = sleep_until_precise(bounds.deadline) => Ok(Ended::Deadline),
+                () = wait_cancel(bounds.cancel) => Ok(Ended::Cancelled),
+                () = self.closing.cancelled() => Ok(Ended::Closing),
+            }
+        };
+        let conversation = match ended {
+            Err(conversation) => conversation,
+            Ok(ended) => {
+                // The worker stops the tool and reports what it wrote so far; one that does
+                // not within the grace is killed without (and so is the tool, with it). A
+                // closing supervisor does not wait.
+                let partial = if run_out.load(std::sync::atomic::Ordering::Relaxed)
+                    && ended != Ended::Closing
+                {
+                    stop_and_collect(&mut channel, self.stop_grace).await
+                } else {
+                    Stopped::Nothing
+                };
+                let finished = applied.clone();
+                let applied = Some(applied.clone());
+                match (ended, partial) {
+                    // The tool ended on its own as the stop went out: its real outcome.
+                    (_, Stopped::Finished(report)) => Conversation::Finished {
+                        applied: finished,
+                        report,
+                    },
+                    (Ended::Deadline, Stopped::Partial(exit)) => Conversation::TimedOut {
+                        applied,
+                        partial: Some(Box::new(exit)),
+                    },
+                    (Ended::Deadline, Stopped::Nothing) => Conversation::TimedOut {
+                        applied,
+                        partial: None,
+                    },
+                    (_, Stopped::Partial(exit)) => Conversation::Cancelled {
+                        applied,
+                        partial: Some(Box::new(exit)),
+                    },
+                    (_, Stopped::Nothing) => Conversation::Cancelled {
+                        applied,
+                        partial: None,
+                    },
+                }
             }
         };
         // The conversation is over (the tool reported, or the deadline, a cancellation or
@@ -217,16 +259,51 @@ fn run_request(run: &SandboxRun) -> RunRequest {
     }
 }
 
-/// The second half: run (unless the Run went out with the Setup), report.
+/// Why a call's wait for its report ended early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Deadline,
+    Cancelled,
+    Closing,
+}
+
+/// What a worker told to stop answered.
+enum Stopped {
+    /// The tool's output until it was stopped.
+    Partial(ToolExit),
+    /// A report of a tool that had ended on its own (or could not start) before the stop.
+    Finished(WorkerMessage),
+    /// Nothing in time, or nothing valid.
+    Nothing,
+}
+
+/// Tells the worker to stop the tool and waits at most `grace` for its report.
+async fn stop_and_collect(channel: &mut WorkerChannel, grace: std::time::Duration) -> Stopped {
+    if channel.send(&SupervisorMessage::Stop).await.is_err() {
+        return Stopped::Nothing;
+    }
+    match tokio::time::timeout(grace, channel.receive()).await {
+        Ok(Ok(WorkerMessage::Exited(exit))) if exit.stopped => Stopped::Partial(exit),
+        Ok(Ok(report @ (WorkerMessage::Exited(_) | WorkerMessage::RunFailed { .. }))) => {
+            Stopped::Finished(report)
+        }
+        _ => Stopped::Nothing,
+    }
+}
+
+/// The second half: run (unless the Run went out with the Setup), report. `run_out` is
+/// set once the Run is wholly written.
 async fn run_over(
     channel: &mut WorkerChannel,
     request: Option<RunRequest>,
+    run_out: &std::sync::atomic::AtomicBool,
 ) -> Result<WorkerMessage, Conversation> {
     if let Some(request) = request {
         channel
             .send(&SupervisorMessage::Run(request))
             .await
             .map_err(Conversation::Broken)?;
+        run_out.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     match channel.receive().await {
         Ok(report @ (WorkerMessage::Exited(_) | WorkerMessage::RunFailed { .. })) => Ok(report),

@@ -20,11 +20,17 @@ impl Supervisor {
     /// How a call whose deadline has passed, or that was cancelled, ends before it starts.
     pub(super) fn given_up_already(&self, bounds: Bounds<'_>) -> Option<Conversation> {
         if tokio::time::Instant::now() >= bounds.deadline {
-            Some(Conversation::TimedOut { applied: None })
+            Some(Conversation::TimedOut {
+                applied: None,
+                partial: None,
+            })
         } else if bounds.cancel.is_some_and(CancelSignal::is_cancelled)
             || self.closing.is_cancelled()
         {
-            Some(Conversation::Cancelled { applied: None })
+            Some(Conversation::Cancelled {
+                applied: None,
+                partial: None,
+            })
         } else {
             None
         }
@@ -39,9 +45,18 @@ impl Supervisor {
     ) -> Result<T, Conversation> {
         tokio::select! {
             outcome = work => Ok(outcome),
-            () = sleep_until_precise(bounds.deadline) => Err(Conversation::TimedOut { applied: None }),
-            () = wait_cancel(bounds.cancel) => Err(Conversation::Cancelled { applied: None }),
-            () = self.closing.cancelled() => Err(Conversation::Cancelled { applied: None }),
+            () = sleep_until_precise(bounds.deadline) => Err(Conversation::TimedOut {
+                applied: None,
+                partial: None,
+            }),
+            () = wait_cancel(bounds.cancel) => Err(Conversation::Cancelled {
+                applied: None,
+                partial: None,
+            }),
+            () = self.closing.cancelled() => Err(Conversation::Cancelled {
+                applied: None,
+                partial: None,
+            }),
         }
     }
 }

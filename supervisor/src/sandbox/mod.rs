@@ -69,7 +69,14 @@ pub struct SupervisorOptions {
     pub egress_resolver: Option<Arc<dyn Resolve>>,
     /// The egress proxy's per-call limits.
     pub egress_limits: EgressLimits,
+    /// How long a worker told to stop its tool (deadline, cancellation) has to report what
+    /// the tool wrote before it is killed without (default [`DEFAULT_STOP_GRACE`]).
+    pub stop_grace: Option<std::time::Duration>,
 }
+
+/// A running worker answers a stop within a millisecond or so; one that does not (a
+/// built-in still at work, a worker gone wrong) is killed after this, its output lost.
+pub const DEFAULT_STOP_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The network namespace strategy for `network = "none"` profiles.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -119,6 +126,7 @@ pub struct Supervisor {
     pool_clock: Arc<dyn PoolClock>,
     egress_resolver: Arc<dyn Resolve>,
     egress_limits: EgressLimits,
+    stop_grace: std::time::Duration,
 }
 
 /// Counts a call as active until dropped (however the call ends).
@@ -215,6 +223,7 @@ impl Supervisor {
                 .egress_resolver
                 .unwrap_or_else(|| Arc::new(SystemResolver)),
             egress_limits: options.egress_limits,
+            stop_grace: options.stop_grace.unwrap_or(DEFAULT_STOP_GRACE),
         })
     }
 

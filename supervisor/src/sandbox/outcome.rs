@@ -26,10 +26,17 @@ pub(super) enum Conversation {
     SetupFailed { failure: SetupFailure },
     /// The channel broke or the worker broke the protocol.
     Broken(ChannelError),
-    /// The deadline passed; `applied` once the worker had confined itself.
-    TimedOut { applied: Option<AppliedIsolation> },
-    /// The caller cancelled or the supervisor closed.
-    Cancelled { applied: Option<AppliedIsolation> },
+    /// The deadline passed; `applied` once the worker had confined itself, `partial` when
+    /// it stopped the tool on being told and reported what the tool wrote until then.
+    TimedOut {
+        applied: Option<AppliedIsolation>,
+        partial: Option<Box<ToolExit>>,
+    },
+    /// The caller cancelled or the supervisor closed (`applied`, `partial`: as above).
+    Cancelled {
+        applied: Option<AppliedIsolation>,
+        partial: Option<Box<ToolExit>>,
+    },
 }
 
 /// How a run ended.
@@ -123,15 +130,21 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
             ErrorKind::ProtocolViolation,
             format!("worker killed: {error}"),
         )),
-        Conversation::TimedOut { applied } => {
+        Conversation::TimedOut { applied, partial } => {
             if let Some(applied) = applied {
                 apply_isolation(&mut isolation, &applied, facts.seccomp_digest);
             }
+            if let Some(exit) = partial {
+                keep_partial(&mut result, *exit);
+            }
             Some(timed_out(limit_hit, &facts.limits))
         }
-        Conversation::Cancelled { applied } => {
+        Conversation::Cancelled { applied, partial } => {
             if let Some(applied) = applied {
                 apply_isolation(&mut isolation, &applied, facts.seccomp_digest);
+            }
+            if let Some(exit) = partial {
+                keep_partial(&mut result, *exit);
             }
             Some(ToolError::new(
                 ErrorKind::Cancelled,
@@ -167,6 +180,16 @@ fn oom_error(memory_bytes: u64) -> ToolError {
     )
 }
 
+/// The tool was stopped (deadline, cancellation): what it wrote until then is kept, with
+/// its truncation flags, and the CPU it used; it has no exit code or signal of its own.
+fn keep_partial(result: &mut ToolResult, exit: ToolExit) {
+    result.stdout = String::from_utf8_lossy(&exit.stdout).into_owned();
+    result.stderr = String::from_utf8_lossy(&exit.stderr).into_owned();
+    result.stdout_truncated = exit.stdout_truncated;
+    result.stderr_truncated = exit.stderr_truncated;
+    result.usage.cpu_ms = (exit.user_cpu_us.saturating_add(exit.system_cpu_us)) / 1000;
+}
+
 /// The tool ran to its end: its output is kept whatever the verdict.
 fn exited(
     result: &mut ToolResult,
@@ -174,13 +197,10 @@ fn exited(
     hit: LimitsHit,
     facts: &RunFacts<'_>,
 ) -> Option<ToolError> {
-    result.stdout = String::from_utf8_lossy(&exit.stdout).into_owned();
-    result.stderr = String::from_utf8_lossy(&exit.stderr).into_owned();
-    result.stdout_truncated = exit.stdout_truncated;
-    result.stderr_truncated = exit.stderr_truncated;
-    result.usage.cpu_ms = (exit.user_cpu_us.saturating_add(exit.system_cpu_us)) / 1000;
+    let status = exit.status;
+    keep_partial(result, exit);
     let pids = facts.limits.pids;
-    match exit.status {
+    match status {
         ExitStatus::Code(code) => {
             result.exit_code = Some(code);
             if hit.memory {
@@ -321,6 +341,7 @@ mod tests {
                 stderr_truncated: true,
                 user_cpu_us: 1500,
                 system_cpu_us: 600,
+                stopped: false,
             }),
         }
     }
@@ -434,6 +455,7 @@ mod tests {
             let result = on_worker(
                 Conversation::TimedOut {
                     applied: Some(applied()),
+                    partial: None,
                 },
                 hit,
             );
@@ -446,11 +468,59 @@ mod tests {
             );
             assert!(!result.ok);
         }
-        let timeout = on_worker(Conversation::TimedOut { applied: None }, Hit::Nothing);
+        let timeout = on_worker(
+            Conversation::TimedOut {
+                applied: None,
+                partial: None,
+            },
+            Hit::Nothing,
+        );
         assert_eq!(
             timeout.error.unwrap().message,
             "deadline of 500 ms passed; every process was killed"
         );
+    }
+
+    #[test]
+    fn a_stopped_tool_keeps_what_it_wrote_but_no_exit_status() {
+        let partial = || {
+            Some(Box::new(ToolExit {
+                status: ExitStatus::Signal(libc::SIGKILL),
+                stdout: b"half".to_vec(),
+                stderr: b"way".to_vec(),
+                stdout_truncated: true,
+                stderr_truncated: false,
+                user_cpu_us: 2000,
+                system_cpu_us: 1000,
+                stopped: true,
+            }))
+        };
+        for (conversation, expected) in [
+            (
+                Conversation::TimedOut {
+                    applied: Some(applied()),
+                    partial: partial(),
+                },
+                ErrorKind::Timeout,
+            ),
+            (
+                Conversation::Cancelled {
+                    applied: Some(applied()),
+                    partial: partial(),
+                },
+                ErrorKind::Cancelled,
+            ),
+        ] {
+            let result = on_worker(conversation, Hit::Nothing);
+            assert_eq!(kind(&result), Some(expected));
+            assert_eq!(
+                (result.stdout.as_str(), result.stderr.as_str()),
+                ("half", "way")
+            );
+            assert!(result.stdout_truncated && !result.stderr_truncated);
+            assert_eq!(result.usage.cpu_ms, 3);
+            assert_eq!((result.exit_code, result.signal), (None, None));
+        }
     }
 
     #[test]
@@ -487,7 +557,13 @@ mod tests {
             error.message,
             "sandbox set-up failed at landlock: not supported"
         );
-        let cancelled = on_worker(Conversation::Cancelled { applied: None }, Hit::Pids);
+        let cancelled = on_worker(
+            Conversation::Cancelled {
+                applied: None,
+                partial: None,
+            },
+            Hit::Pids,
+        );
         assert_eq!(kind(&cancelled), Some(ErrorKind::Cancelled));
         let run_failed = on_worker(
             Conversation::Finished {
@@ -526,7 +602,13 @@ mod tests {
     #[test]
     fn isolation_says_only_what_was_applied() {
         // Timed out before the worker confined itself: nothing claimed.
-        let early = on_worker(Conversation::TimedOut { applied: None }, Hit::Nothing);
+        let early = on_worker(
+            Conversation::TimedOut {
+                applied: None,
+                partial: None,
+            },
+            Hit::Nothing,
+        );
         let isolation = early.isolation.unwrap();
         assert!(isolation.namespaces.is_empty());
         assert_eq!(isolation.landlock, LandlockLevel::None);
@@ -539,6 +621,7 @@ mod tests {
         let late = on_worker(
             Conversation::Cancelled {
                 applied: Some(partial),
+                partial: None,
             },
             Hit::Nothing,
         );

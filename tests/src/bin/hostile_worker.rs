@@ -109,6 +109,7 @@ fn main() {
                 stderr_truncated: false,
                 user_cpu_us: 0,
                 system_cpu_us: 0,
+                stopped: false,
             };
             write_frame(&mut stream, &WorkerMessage::Exited(exit)).unwrap();
         }
@@ -166,6 +167,7 @@ fn main() {
                 stderr_truncated: false,
                 user_cpu_us: 0,
                 system_cpu_us: 0,
+                stopped: false,
             };
             let _ = write_frame(&mut stream, &WorkerMessage::Exited(exit));
         }

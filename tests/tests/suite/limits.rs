@@ -305,3 +305,61 @@ async fn cpu_quota_throttles_a_spinning_tool() {
         "{result:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_call_keeps_what_the_tool_wrote_and_leaves_nothing_running() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    // A worker answers a stop at once; the grace is only the bound for one that does not,
+    // so this test waits on the answer however slow the machine.
+    let supervisor = airlock::Supervisor::start(airlock::SupervisorOptions {
+        worker_program: Some((airlock_tests::airlock_bin(), Vec::new())),
+        stop_grace: Some(HANG_GUARD),
+        ..Default::default()
+    })
+    .unwrap();
+    let text = test_policy(&[], &format!("timeout = {}", hang_guard_toml()), "none");
+    let policy = load_policy_str(&text, "stop.toml").unwrap().policy;
+    let marker = airlock_tests::sleep_marker();
+    let run = SandboxRun {
+        call_id: "stopped".into(),
+        tool: "exec".into(),
+        profile: Arc::clone(&policy.profiles["default"]),
+        argv: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            // Through variables, so that only the sleeps' command lines say `sleep <marker>`.
+            format!("s=sleep m={marker}; echo started; echo warning >&2; $s $m & $s $m"),
+        ],
+        stdin: Vec::new(),
+        arguments_json: "{}".into(),
+        timeout: HANG_GUARD,
+        inherit_stdio: None,
+        builtin: None,
+    };
+    let signal = CancelSignal::new();
+    let call = supervisor.run(run, Some(&signal));
+    tokio::pin!(call);
+    // Both sleeps run once the shell has written both lines.
+    let sleeping = || host_processes_with(&format!("sleep {marker}")).len() == 2;
+    tokio::select! {
+        result = &mut call => panic!("the call ended on its own: {result:?}"),
+        () = wait_until_async("the tool wrote and sleeps", sleeping) => {}
+    }
+    signal.cancel();
+    let result = call.await;
+    assert_eq!(
+        result.error.as_ref().map(|e| e.kind),
+        Some(airlock::ErrorKind::Cancelled),
+        "{result:?}"
+    );
+    assert_eq!(result.stdout, "started\n", "{result:?}");
+    assert_eq!(result.stderr, "warning\n", "{result:?}");
+    assert!(!result.stdout_truncated && !result.stderr_truncated);
+    assert_eq!((result.exit_code, result.signal), (None, None));
+    let left = host_processes_with(&format!("sleep {marker}"));
+    assert!(left.is_empty(), "processes left on the host: {left:?}");
+    supervisor.close().await;
+}
