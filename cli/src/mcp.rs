@@ -110,15 +110,8 @@ pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
             })
         };
         tracing::info!(policy = %args.policy.display(), "airlock MCP server on stdio");
-        let served = airlock::mcp::serve(
-            gate,
-            config,
-            tokio::io::stdin(),
-            tokio::io::stdout(),
-            reloads,
-            stop,
-        )
-        .await;
+        let (input, output) = stdio();
+        let served = airlock::mcp::serve(gate, config, input, output, reloads, stop).await;
         signals.abort();
         supervisor.close().await;
         anyhow::Ok(served)
@@ -128,4 +121,80 @@ pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
     runtime.shutdown_timeout(Duration::from_millis(100));
     outcome?;
     Ok(ExitCode::SUCCESS)
+}
+
+type Input = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+type Output = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+
+/// Standard input and output for the protocol, read and written by the runtime's own event
+/// loop when they are pipes or sockets (what MCP clients give their servers): tokio's
+/// `stdin`/`stdout` hand every read and write to a blocking thread and back, which cost each
+/// call two thread wake-ups. Anything else (a file, a terminal) falls back to those.
+fn stdio() -> (Input, Output) {
+    use std::os::fd::AsFd;
+    let input = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| event_driven(fd, Direction::Read));
+    let output = std::io::stdout()
+        .as_fd()
+        .try_clone_to_owned()
+        .ok()
+        .and_then(|fd| event_driven(fd, Direction::Write));
+    let input = match input {
+        Some(Stream::Pipe(Pipe::Read(pipe))) => Box::new(pipe) as Input,
+        Some(Stream::Socket(socket)) => Box::new(socket),
+        _ => Box::new(tokio::io::stdin()),
+    };
+    let output = match output {
+        Some(Stream::Pipe(Pipe::Write(pipe))) => Box::new(pipe) as Output,
+        Some(Stream::Socket(socket)) => Box::new(socket),
+        _ => Box::new(tokio::io::stdout()),
+    };
+    (input, output)
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Read,
+    Write,
+}
+
+enum Pipe {
+    Read(tokio::net::unix::pipe::Receiver),
+    Write(tokio::net::unix::pipe::Sender),
+}
+
+enum Stream {
+    Pipe(Pipe),
+    Socket(tokio::net::UnixStream),
+}
+
+/// `fd` registered with the event loop, if it is a pipe or a unix socket.
+fn event_driven(fd: std::os::fd::OwnedFd, direction: Direction) -> Option<Stream> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = std::fs::File::from(fd.try_clone().ok()?)
+        .metadata()
+        .ok()?
+        .file_type();
+    if kind.is_fifo() {
+        let pipe = match direction {
+            Direction::Read => {
+                Pipe::Read(tokio::net::unix::pipe::Receiver::from_owned_fd(fd).ok()?)
+            }
+            Direction::Write => {
+                Pipe::Write(tokio::net::unix::pipe::Sender::from_owned_fd(fd).ok()?)
+            }
+        };
+        Some(Stream::Pipe(pipe))
+    } else if kind.is_socket() {
+        let socket = std::os::unix::net::UnixStream::from(fd);
+        socket.set_nonblocking(true).ok()?;
+        tokio::net::UnixStream::from_std(socket)
+            .ok()
+            .map(Stream::Socket)
+    } else {
+        None
+    }
 }
