@@ -28,6 +28,10 @@ pub enum ErrorKind {
     OutOfMemory,
     /// The process limit was hit.
     PidsLimit,
+    /// The tool used up its CPU time (`limits.cpu`, RLIMIT_CPU) and the kernel killed it.
+    CpuTimeLimit,
+    /// The tool wrote past its file size limit (`limits.file_size`, RLIMIT_FSIZE): SIGXFSZ.
+    FileSizeLimit,
     /// The seccomp filter killed the tool.
     SeccompViolation,
     /// The tool exited non-zero or died of a signal.
@@ -271,6 +275,8 @@ mod tests {
             (ErrorKind::OutOfMemory, false),
             (ErrorKind::SeccompViolation, false),
             (ErrorKind::PidsLimit, false),
+            (ErrorKind::CpuTimeLimit, false),
+            (ErrorKind::FileSizeLimit, false),
             (ErrorKind::OutputInvalid, false),
             (ErrorKind::ProtocolViolation, false),
             (ErrorKind::Overloaded, false),
@@ -422,6 +428,8 @@ mod tests {
             (ErrorKind::Timeout, "timeout"),
             (ErrorKind::OutOfMemory, "out_of_memory"),
             (ErrorKind::PidsLimit, "pids_limit"),
+            (ErrorKind::CpuTimeLimit, "cpu_time_limit"),
+            (ErrorKind::FileSizeLimit, "file_size_limit"),
             (ErrorKind::SeccompViolation, "seccomp_violation"),
             (ErrorKind::ToolFailed, "tool_failed"),
             (ErrorKind::OutputInvalid, "output_invalid"),

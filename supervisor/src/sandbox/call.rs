@@ -327,6 +327,7 @@ fn facts_of(run: &SandboxRun, duration_ms_taken: u64) -> RunFacts<'_> {
             timeout_ms: duration_ms(run.timeout),
             output_bytes: limits.output_bytes,
         },
+        rlimits: run.profile.spec.rlimits,
         seccomp_digest: &run.profile.spec.seccomp.digest,
         duration_ms: duration_ms_taken,
     }

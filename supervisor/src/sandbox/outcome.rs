@@ -7,7 +7,9 @@
 //! that was hit is the cause worth naming, in the order out of memory, seccomp, processes,
 //! then the signal or exit code itself.
 
-use airlock_protocol::{AppliedIsolation, ExitStatus, SetupFailure, ToolExit, WorkerMessage};
+use airlock_protocol::{
+    AppliedIsolation, ExitStatus, Rlimits, SetupFailure, ToolExit, WorkerMessage,
+};
 
 use crate::cgroup::CgroupStats;
 use crate::channel::ChannelError;
@@ -62,6 +64,8 @@ pub(super) struct RunFacts<'a> {
     pub call_id: &'a str,
     pub tool: &'a str,
     pub limits: AppliedLimits,
+    /// The profile's rlimits, which name the limit behind a tool's SIGKILL or SIGXFSZ.
+    pub rlimits: Rlimits,
     /// The digest of the profile's seccomp filter, reported when the worker installed it.
     pub seccomp_digest: &'a str,
     pub duration_ms: u64,
@@ -198,6 +202,7 @@ fn exited(
     facts: &RunFacts<'_>,
 ) -> Option<ToolError> {
     let status = exit.status;
+    let cpu_us = exit.user_cpu_us.saturating_add(exit.system_cpu_us);
     keep_partial(result, exit);
     let pids = facts.limits.pids;
     match status {
@@ -238,6 +243,19 @@ fn exited(
                     ErrorKind::PidsLimit,
                     format!("the process limit of {pids} was reached"),
                 )
+            } else if signal == libc::SIGXFSZ {
+                ToolError::new(
+                    ErrorKind::FileSizeLimit,
+                    format!(
+                        "the file size limit of {} bytes was reached (SIGXFSZ)",
+                        facts.rlimits.file_size_bytes
+                    ),
+                )
+            } else if let Some(seconds) = cpu_limit_reached(signal, cpu_us, facts.rlimits) {
+                ToolError::new(
+                    ErrorKind::CpuTimeLimit,
+                    format!("the CPU time limit of {seconds} s was used up"),
+                )
             } else {
                 ToolError::new(
                     ErrorKind::ToolFailed,
@@ -246,6 +264,17 @@ fn exited(
             })
         }
     }
+}
+
+/// The CPU limit in seconds, when it is what killed the tool: RLIMIT_CPU's soft and hard
+/// limits are set alike, so the kernel's verdict is SIGKILL (SIGXCPU, were they apart).
+/// Nothing else in the sandbox sends SIGKILL but the out-of-memory killer (checked before
+/// this) and the tool itself, so the CPU used says which: at least 90 % of the limit (the
+/// kernel checks it on its scheduler tick).
+fn cpu_limit_reached(signal: i32, cpu_us: u64, rlimits: Rlimits) -> Option<u64> {
+    let seconds = rlimits.cpu_seconds?;
+    let used_up = cpu_us.saturating_mul(10) >= seconds.saturating_mul(9_000_000);
+    ((signal == libc::SIGKILL || signal == libc::SIGXCPU) && used_up).then_some(seconds)
 }
 
 /// The deadline passed. A limit hit on the way is the cause worth reporting: a fork bomb
@@ -315,6 +344,11 @@ mod tests {
                 pids: 8,
                 timeout_ms: 500,
                 output_bytes: 4096,
+            },
+            rlimits: Rlimits {
+                open_files: 64,
+                file_size_bytes: 1 << 20,
+                cpu_seconds: Some(2),
             },
             seccomp_digest: "d1g3st",
             duration_ms: 7,
@@ -479,6 +513,73 @@ mod tests {
             timeout.error.unwrap().message,
             "deadline of 500 ms passed; every process was killed"
         );
+    }
+
+    #[test]
+    fn rlimit_kills_name_their_limit_and_other_signals_stay_tool_failures() {
+        let killed = |signal: i32, cpu_us: u64| Conversation::Finished {
+            applied: applied(),
+            report: WorkerMessage::Exited(ToolExit {
+                status: ExitStatus::Signal(signal),
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                user_cpu_us: cpu_us,
+                system_cpu_us: 0,
+                stopped: false,
+            }),
+        };
+        let cases = [
+            (libc::SIGXFSZ, 0, Hit::Nothing, ErrorKind::FileSizeLimit),
+            // The facts' CPU limit is 2 s.
+            (
+                libc::SIGKILL,
+                2_000_000,
+                Hit::Nothing,
+                ErrorKind::CpuTimeLimit,
+            ),
+            (
+                libc::SIGKILL,
+                1_850_000,
+                Hit::Nothing,
+                ErrorKind::CpuTimeLimit,
+            ),
+            (
+                libc::SIGXCPU,
+                2_010_000,
+                Hit::Nothing,
+                ErrorKind::CpuTimeLimit,
+            ),
+            // A tool that kills itself early, or the OOM killer, is not the CPU limit.
+            (libc::SIGKILL, 10_000, Hit::Nothing, ErrorKind::ToolFailed),
+            (
+                libc::SIGKILL,
+                2_000_000,
+                Hit::Memory,
+                ErrorKind::OutOfMemory,
+            ),
+            (
+                libc::SIGTERM,
+                2_000_000,
+                Hit::Nothing,
+                ErrorKind::ToolFailed,
+            ),
+        ];
+        for (signal, cpu_us, hit, expected) in cases {
+            let result = on_worker(killed(signal, cpu_us), hit);
+            assert_eq!(
+                kind(&result),
+                Some(expected),
+                "signal {signal}, {cpu_us} µs"
+            );
+            assert_eq!(result.signal, Some(signal));
+        }
+        let message = on_worker(killed(libc::SIGXFSZ, 0), Hit::Nothing)
+            .error
+            .unwrap()
+            .message;
+        assert!(message.contains("1048576 bytes"), "{message}");
     }
 
     #[test]

@@ -363,3 +363,46 @@ async fn a_stopped_call_keeps_what_the_tool_wrote_and_leaves_nothing_running() {
     assert!(left.is_empty(), "processes left on the host: {left:?}");
     supervisor.close().await;
 }
+
+#[test]
+fn cpu_time_and_file_size_kills_name_their_limit() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let scratch = Scratch::new("rlimits");
+    let policy = scratch.write(
+        "rlimits.toml",
+        &test_policy(
+            &[],
+            &format!(
+                "cpu = \"1s\", file_size = \"1MiB\", timeout = {}",
+                hang_guard_toml()
+            ),
+            "none",
+        ),
+    );
+    // The shell itself spins: the kernel kills it once it has used its second of CPU,
+    // however long that takes on this machine.
+    let spin = exec_json(
+        Some(&policy),
+        &[],
+        &["/bin/sh", "-c", "while :; do :; done"],
+    );
+    assert_eq!(spin["error"]["kind"], "cpu_time_limit", "{spin}");
+    assert!(spin["usage"]["cpu_ms"].as_u64().unwrap() >= 900, "{spin}");
+    // dd is the tool itself, so its SIGXFSZ is the tool's death.
+    let big = exec_json(
+        Some(&policy),
+        &[],
+        &[
+            "/bin/dd",
+            "if=/dev/zero",
+            "of=/tmp/big",
+            "bs=65536",
+            "count=64",
+        ],
+    );
+    assert_eq!(big["error"]["kind"], "file_size_limit", "{big}");
+    assert_eq!(big["signal"], libc::SIGXFSZ, "{big}");
+}

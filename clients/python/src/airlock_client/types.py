@@ -25,6 +25,8 @@ ErrorKind = Literal[
     "timeout",
     "out_of_memory",
     "pids_limit",
+    "cpu_time_limit",
+    "file_size_limit",
     "seccomp_violation",
     "tool_failed",
     "output_invalid",
