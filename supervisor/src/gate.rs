@@ -14,7 +14,6 @@ use airlock_policy::rules::{Decision, Verdict, decide};
 use airlock_policy::schema::{InputError, InputLimits};
 use airlock_policy::validate::{SideEffect, ToolState};
 use airlock_policy::{CompiledPolicy, CompiledTool};
-use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
@@ -23,27 +22,16 @@ use crate::approvals::{ApprovalStore, DigestKey, Pending, TakeRefused, random_id
 use crate::audit::{AuditSink, Event, EventKind, sanitize};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
+pub use crate::dry_run::DryRun;
+use crate::dry_run::sandbox_summary;
 pub use crate::listing::ToolListing;
 use crate::rate::RateState;
 use crate::result::{ErrorKind, InputViolation, ToolError, ToolResult};
 use crate::sandbox::{SandboxRun, Supervisor};
 use crate::serial::Lanes;
+use crate::session::Sessions;
 
-/// The time source of approvals and rate limits (injectable for tests).
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    /// Now.
-    fn now(&self) -> SystemTime;
-}
-
-/// The real clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
+pub use crate::clock::{Clock, SystemClock};
 
 /// Decides approvals synchronously instead of the two-phase flow (library users).
 pub trait ApprovalCallback: Send + Sync + std::fmt::Debug {
@@ -82,35 +70,6 @@ fn millis(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// What a dry run reports.
-#[derive(Debug, Clone, Serialize)]
-pub struct DryRun {
-    /// Tool name.
-    pub tool: String,
-    /// Decision.
-    pub decision: Decision,
-    /// Rule that fired.
-    pub rule: String,
-    /// Whether a human approval is needed before it runs.
-    pub approval_required: bool,
-    /// argv.
-    pub argv: Vec<String>,
-    /// Built-in, if any.
-    pub builtin: Option<String>,
-    /// Bytes that would go to stdin.
-    pub stdin_bytes: usize,
-    /// Environment.
-    pub env: Vec<(String, String)>,
-    /// Profile.
-    pub profile: String,
-    /// The sandbox spec the worker would build.
-    pub sandbox: Value,
-    /// Deadline, milliseconds.
-    pub timeout_ms: u64,
-    /// Input digest.
-    pub input_digest: String,
-}
-
 /// The gate in front of a [`Supervisor`].
 #[derive(Debug)]
 pub struct Gate {
@@ -128,6 +87,8 @@ pub struct Gate {
     callback: Option<Arc<dyn ApprovalCallback>>,
     events: broadcast::Sender<Event>,
     audit: Option<AuditSink>,
+    /// Session workspaces; without them a profile with a workspace refuses every call.
+    sessions: Option<Arc<Sessions>>,
 }
 
 /// The version of `tool` under `policy` (see [`tool_version`]); none when it is gone.
@@ -197,7 +158,19 @@ impl Gate {
             callback: None,
             events: broadcast::channel(1024).0,
             audit: None,
+            sessions: None,
         }
+    }
+
+    /// Serves session workspaces from `sessions`.
+    pub fn with_sessions(mut self, sessions: Arc<Sessions>) -> Self {
+        self.sessions = Some(sessions);
+        self
+    }
+
+    /// The session workspaces, when served.
+    pub fn sessions(&self) -> Option<&Arc<Sessions>> {
+        self.sessions.as_ref()
     }
 
     /// Uses `clock` for approvals and rate limits.
@@ -583,6 +556,18 @@ impl Gate {
                 ),
             );
         };
+        // A profile with a workspace runs in the named session's (on the cold path).
+        let in_session = match &self.sessions {
+            Some(sessions) => {
+                sessions.enter(&prepared.policy.sessions, opts.session.as_deref(), profile)
+            }
+            None => crate::session::without_sessions(profile),
+        };
+        let in_session = match in_session {
+            Ok(in_session) => in_session,
+            Err(error) => return rejected(call, *error),
+        };
+        let profile = in_session.as_ref().map_or(profile, |s| &s.profile);
         let max_attempts = tool.tool.retries.saturating_add(1);
         let mut attempts = 0;
         let started = std::time::Instant::now();
@@ -608,6 +593,9 @@ impl Gate {
             )
             .await;
             result.attempts = attempts;
+            if let Some(in_session) = &in_session {
+                in_session.finish(&mut result);
+            }
             crate::call::check_output(tool, &mut result);
             match &result.error {
                 Some(error) if error.is_retryable() && attempts < max_attempts => {
@@ -862,35 +850,4 @@ impl Gate {
             input_digest: prepared.digest,
         })
     }
-}
-
-/// The parts of a sandbox spec worth showing (not the BPF program itself), as plain JSON a
-/// reviewer's tooling can read: mounts are objects tagged by their kind.
-fn sandbox_summary(profile: &airlock_policy::CompiledProfile) -> Value {
-    use airlock_protocol::{NetworkMode, Requirement};
-    let network = match profile.spec.network {
-        NetworkMode::None | NetworkMode::NoneShared => "none",
-        NetworkMode::Loopback => "loopback",
-        NetworkMode::Host => "host",
-    };
-    let landlock = match profile.spec.landlock.requirement {
-        Requirement::Required => "required",
-        Requirement::BestEffort => "best_effort",
-    };
-    let mounts: Vec<Value> = profile
-        .spec
-        .mounts
-        .iter()
-        .map(|mount| serde_json::to_value(mount).unwrap_or(Value::Null))
-        .collect();
-    serde_json::json!({
-        "mounts": mounts,
-        "network": network,
-        "landlock": {"read": profile.spec.landlock.read, "write": profile.spec.landlock.write, "requirement": landlock},
-        "seccomp_digest": profile.spec.seccomp.digest,
-        "memory_bytes": profile.limits.memory_bytes,
-        "pids": profile.limits.pids,
-        "cwd": profile.spec.cwd,
-        "hostname": profile.spec.hostname,
-    })
 }
