@@ -604,6 +604,13 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
         if let Some(audit) = audit {
             gate = gate.with_audit(audit);
         }
+        // Session workspaces live beside the socket, one state directory per daemon.
+        let mut state_dir = flags.config.socket.clone().into_os_string();
+        state_dir.push(".sessions");
+        match airlock::Sessions::new(state_dir.as_ref(), supervisor.sandbox_ids(), Arc::new(airlock::gate::SystemClock)) {
+            Ok(sessions) => gate = gate.with_sessions(Arc::new(sessions)),
+            Err(e) => tracing::error!(error = %e, "session workspaces unavailable; session ops will be refused"),
+        }
         let gate = Arc::new(gate);
         let stop = airlock::CancelSignal::new();
         let mut term = signal(SignalKind::terminate())?;

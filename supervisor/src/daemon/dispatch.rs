@@ -170,6 +170,14 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
         Op::Stats => {
             answers.send(reply(stats(shared)), None).await;
         }
+        op @ (Op::SessionOpen(_)
+        | Op::PutFile(_)
+        | Op::GetFile(_)
+        | Op::Changes(_)
+        | Op::SessionClose(_)) => {
+            let body = super::sessions::answer(&shared.gate, op).await;
+            answers.send(reply(body), None).await;
+        }
     }
 }
 

@@ -33,3 +33,4 @@ mod soak;
 mod source_layout;
 mod suite_rules;
 mod tool_contract;
+mod workspace;
