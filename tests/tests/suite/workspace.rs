@@ -483,3 +483,83 @@ fn idle_sessions_expire_and_leave_nothing() {
         left.session
     );
 }
+
+/// A validator for one definition of the daemon's published schema.
+fn schema_of(definition: &str) -> jsonschema::Validator {
+    let root: Value = serde_json::from_str(airlock::daemon::PROTOCOL_SCHEMA).unwrap();
+    let schema = json!({
+        "$schema": root["$schema"],
+        "$defs": root["$defs"],
+        "$ref": format!("#/$defs/{definition}"),
+    });
+    jsonschema::validator_for(&schema).unwrap()
+}
+
+#[test]
+fn every_session_answer_matches_the_published_schema() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let fixture = Fixture::start();
+    let mut client = fixture.client();
+    let requests = schema_of("request");
+    let answers = schema_of("answer");
+    let check = |client: &mut Client, request: Value| -> Value {
+        let op = request["op"].as_str().unwrap().to_string();
+        let refused: Vec<String> = requests
+            .iter_errors(&request)
+            .map(|e| e.to_string())
+            .collect();
+        assert!(refused.is_empty(), "{request}: {refused:?}");
+        let answer = client.ask(request.clone());
+        for validator in [&answers, &schema_of(&format!("answers/properties/{op}"))] {
+            let found: Vec<String> = validator
+                .iter_errors(&answer)
+                .map(|e| e.to_string())
+                .collect();
+            assert!(found.is_empty(), "{request} -> {answer}: {found:?}");
+        }
+        answer
+    };
+    let opened = check(
+        &mut client,
+        json!({"id": 1, "op": "session_open", "size": 65536}),
+    );
+    let s = opened["result"]["session"].as_str().unwrap().to_string();
+    check(
+        &mut client,
+        json!({"id": 2, "op": "put_file", "session": s, "path": "a/b.txt", "content_base64": "aGk="}),
+    );
+    let got = check(
+        &mut client,
+        json!({"id": 3, "op": "get_file", "session": s, "path": "a/b.txt"}),
+    );
+    assert_eq!(got["result"], json!({"content_base64": "aGk=", "size": 2}));
+    check(&mut client, json!({"id": 4, "op": "changes", "session": s}));
+    let full = check(
+        &mut client,
+        json!({"id": 5, "op": "put_file", "session": s, "path": "big",
+        "content_base64": b64(&vec![0u8; 70_000])}),
+    );
+    assert_eq!(error_kind(&full), "workspace_full");
+    check(
+        &mut client,
+        json!({"id": 6, "op": "session_close", "session": s}),
+    );
+    let gone = check(&mut client, json!({"id": 7, "op": "changes", "session": s}));
+    assert_eq!(error_kind(&gone), "session_unknown");
+    // What the schema refuses, the daemon refuses too.
+    for bad in [
+        json!({"id": 8, "op": "get_file", "session": s, "path": "../x"}),
+        json!({"id": 9, "op": "get_file", "session": s, "path": "/etc/passwd"}),
+        json!({"id": 10, "op": "session_open", "extra": true}),
+    ] {
+        assert!(
+            requests.iter_errors(&bad).next().is_some(),
+            "the schema takes {bad}"
+        );
+        let answer = client.ask(bad.clone());
+        assert_eq!(error_kind(&answer), "invalid_request", "{answer}");
+    }
+}
