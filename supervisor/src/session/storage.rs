@@ -6,7 +6,8 @@
 //! fills it gets ENOSPC from the kernel, and nothing in it can be a hard link to a file
 //! anywhere else. Unprivileged, it is a plain directory: its size and inodes are counted
 //! by walking it (before each `put_file`, after each call), so a tool can overshoot the
-//! limit within one call, and the overshoot is reported as `workspace_full`.
+//! limit within one call, and the overshoot is reported as `workspace_full`; directories
+//! a tool made unreadable get their owner's `rwx` back so that they can be counted.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -141,7 +142,18 @@ impl Storage {
                 full: stat.blocks_available() == 0 || stat.files_available() == 0,
             });
         }
+        // The workspace's root too: a tool there may chmod it (it is the bind's root).
+        if let Ok(meta) = std::fs::symlink_metadata(&self.path)
+            && meta.mode() & 0o700 != 0o700
+        {
+            let mode = (meta.mode() & 0o7777) | 0o700;
+            std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(mode))?;
+        }
         let root = open_root(&self.path)?;
+        // A tool may have made directories unreadable to us (the same uid, without root's
+        // override); what cannot be counted cannot be bounded, so their owner (us) gets
+        // back into them.
+        let _ = open_up(root.as_fd(), 0);
         // One entry past the limit is enough to know it is over.
         let entries = match tree::walk(root.as_fd(), self.inodes) {
             Ok(entries) => entries,
@@ -205,9 +217,9 @@ fn remove(path: &Path, privileged: bool) -> io::Result<()> {
     }
 }
 
-/// Makes every directory beneath `dir` ours to list and empty, without following a
-/// symlink: each is opened `O_PATH` beneath its parent and changed through that
-/// descriptor, then entered.
+/// Makes every directory beneath `dir` ours to list and empty (owner `rwx` added, the
+/// rest of its mode kept), without following a symlink: each is opened `O_PATH` beneath
+/// its parent and changed through that descriptor, then entered.
 fn open_up(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
     if depth > 128 {
         return Ok(());
@@ -234,8 +246,12 @@ fn open_up(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
         ) else {
             continue;
         };
-        let by_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&handle));
-        let _ = std::fs::set_permissions(by_fd, std::fs::Permissions::from_mode(0o700));
+        // Only what the owner lacks is added: the mode a tool chose otherwise stays.
+        let mode = nix::sys::stat::fstat(&handle).map_or(0, |st| st.st_mode & 0o7777);
+        if mode & 0o700 != 0o700 {
+            let by_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&handle));
+            let _ = std::fs::set_permissions(by_fd, std::fs::Permissions::from_mode(mode | 0o700));
+        }
         if let Ok(sub) = open_beneath(
             dir,
             &name,

@@ -396,7 +396,7 @@ fn close_leaves_no_mount_directory_or_session() {
     let fixture = Fixture::start();
     let mut client = fixture.client();
     let s = client.open_id(json!({}));
-    let ran = client.sh(&s, "mkdir -p a/b && echo x > a/b/c && chmod 000 a/b a");
+    let ran = client.sh(&s, "mkdir -p a/b && echo x > a/b/c && chmod 000 a/b a .");
     assert_eq!(ran["ok"], true, "{ran}");
     let on_disk = fixture.sessions_on_disk();
     assert_eq!(on_disk.len(), 1);
