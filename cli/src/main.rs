@@ -576,12 +576,16 @@ fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
     })
 }
 
-/// The profiles some tool of `policy` uses: the ones `serve --pool` keeps warm.
+/// The profiles some tool of `policy` uses and that can be pooled: the ones `serve --pool`
+/// keeps warm.
 fn profiles_in_use(policy: &CompiledPolicy) -> Vec<Arc<CompiledProfile>> {
     let used: std::collections::BTreeSet<&String> =
         policy.tools.values().map(|t| &t.tool.profile).collect();
+    // A profile with a workspace runs every call cold (its session's mount is per call):
+    // a pool of it would never be taken from.
     used.into_iter()
         .filter_map(|name| policy.profiles.get(name))
+        .filter(|p| p.workspace.is_none())
         .cloned()
         .collect()
 }
