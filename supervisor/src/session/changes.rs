@@ -63,9 +63,12 @@ pub fn copy_base(
                 tree::make_dirs(workspace, &entry.path, owner)?;
             }
             Kind::File => {
-                let bytes =
-                    tree::read_file(base, &entry.path, max_bytes).map_err(CopyError::BaseFile)?;
-                tree::write_file(workspace, &entry.path, &bytes, entry.mode, owner)?;
+                if entry.size > max_bytes {
+                    return Err(CopyError::Workspace(WriteError::Full));
+                }
+                // Streamed: a base file is never held in memory whole.
+                let file = tree::open_file(base, &entry.path).map_err(CopyError::BaseFile)?;
+                tree::write_file(workspace, &entry.path, file, entry.mode, owner)?;
             }
             Kind::Symlink => {
                 let target = tree::read_link(base, &entry.path).map_err(CopyError::Base)?;
@@ -83,20 +86,19 @@ pub fn changes(
     workspace: BorrowedFd<'_>,
     base: Option<BorrowedFd<'_>>,
     max_entries: u64,
-    max_bytes: u64,
 ) -> io::Result<Vec<Change>> {
     let now = files(workspace, max_entries)?;
-    let before = match base {
+    let mut before = match base {
         Some(base) => files(base, max_entries)?,
         None => BTreeMap::new(),
     };
+    // The copy leaves out the base's FIFOs, sockets and devices: not changes of the tool.
+    before.retain(|_, e| e.kind != Kind::Other);
     let mut out = Vec::new();
     for (path, entry) in &now {
         let kind = match before.get(path) {
             None => Some(ChangeKind::Added),
-            Some(old) if differs(workspace, entry, base, old, max_bytes) => {
-                Some(ChangeKind::Modified)
-            }
+            Some(old) if differs(workspace, entry, base, old) => Some(ChangeKind::Modified),
             Some(_) => None,
         };
         if let Some(kind) = kind {
@@ -133,7 +135,6 @@ fn differs(
     now: &Entry,
     base: Option<BorrowedFd<'_>>,
     old: &Entry,
-    max_bytes: u64,
 ) -> bool {
     let Some(base) = base else {
         return true;
@@ -143,9 +144,9 @@ fn differs(
     }
     match now.kind {
         Kind::File => {
-            let a = tree::read_file(workspace, &now.path, max_bytes);
-            let b = tree::read_file(base, &old.path, max_bytes);
-            !matches!((a, b), (Ok(a), Ok(b)) if a == b)
+            let a = tree::open_file(workspace, &now.path);
+            let b = tree::open_file(base, &old.path);
+            !matches!((a, b), (Ok(a), Ok(b)) if tree::same_content(&a, &b).unwrap_or(false))
         }
         Kind::Symlink => {
             let a = tree::read_link(workspace, &now.path);

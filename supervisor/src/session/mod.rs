@@ -126,6 +126,9 @@ pub struct Sessions {
     state: StateDir,
     clock: Arc<dyn Clock>,
     open: Mutex<HashMap<String, Arc<Session>>>,
+    /// Closed sessions whose files could not all be removed yet (a call still writing in
+    /// an unprivileged workspace): every sweep tries again.
+    leftovers: Mutex<Vec<Arc<Session>>>,
 }
 
 #[derive(Debug)]
@@ -166,6 +169,7 @@ impl Sessions {
             state,
             clock,
             open: Mutex::new(HashMap::new()),
+            leftovers: Mutex::new(Vec::new()),
         })
     }
 
@@ -368,7 +372,6 @@ impl Sessions {
             root.as_fd(),
             base.as_ref().map(AsFd::as_fd),
             session.inodes.saturating_mul(2),
-            MAX_GET_BYTES.max(policy.max_size_bytes),
         )
         .map_err(SessionError::storage(OP))
     }
@@ -381,12 +384,33 @@ impl Sessions {
             .table()
             .remove(id)
             .ok_or(SessionError::Unknown { op: OP })?;
-        session.storage.remove().map_err(SessionError::storage(OP))
+        self.remove_storage(session);
+        Ok(())
+    }
+
+    /// Removes a closed session's files, or keeps it for the next sweep to try again.
+    fn remove_storage(&self, session: Arc<Session>) {
+        if let Err(error) = session.storage.remove() {
+            tracing::warn!(%error, "a closed session's files are not all removed yet; retrying at the next sweep");
+            self.leftovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(session);
+        }
     }
 
     /// Closes every session idle for the policy's `idle_timeout` with no call running;
     /// returns how many. Every operation sweeps first; the daemon also sweeps on a timer.
     pub fn sweep(&self, policy: &SessionPolicy) -> usize {
+        let leftovers: Vec<Arc<Session>> = std::mem::take(
+            &mut *self
+                .leftovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for session in leftovers {
+            self.remove_storage(session);
+        }
         let now = self.clock.now();
         let expired: Vec<Arc<Session>> = {
             let mut table = self.table();
@@ -397,22 +421,29 @@ impl Sessions {
                 .collect();
             ids.iter().filter_map(|id| table.remove(id)).collect()
         };
-        for session in &expired {
-            if let Err(error) = session.storage.remove() {
-                tracing::error!(%error, "cannot remove an expired session's files");
-            }
+        let count = expired.len();
+        if count > 0 {
+            tracing::info!(count, "sessions expired");
         }
-        if !expired.is_empty() {
-            tracing::info!(count = expired.len(), "sessions expired");
+        for session in expired {
+            self.remove_storage(session);
         }
-        expired.len()
+        count
     }
 
     /// Closes every session (at shutdown).
     pub fn close_all(&self) {
-        let all: Vec<Arc<Session>> = self.table().drain().map(|(_, s)| s).collect();
+        let mut all: Vec<Arc<Session>> = self.table().drain().map(|(_, s)| s).collect();
+        all.append(
+            &mut self
+                .leftovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
         for session in all {
-            let _ = session.storage.remove();
+            if let Err(error) = session.storage.remove() {
+                tracing::error!(%error, "a session's files are left for the next start to remove");
+            }
         }
     }
 

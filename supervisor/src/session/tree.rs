@@ -6,9 +6,10 @@
 //! The same walk serves a session's base on the host (its owner may change it while we
 //! copy) and its workspace (a tool may have planted anything there).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -205,30 +206,70 @@ pub enum ReadError {
     Io(#[from] io::Error),
 }
 
-/// The bytes of the regular file `rel` beneath `root`, at most `max` of them. The file
-/// is opened once (non-blocking, so a FIFO cannot hang us) and read through that
-/// descriptor: replacing the name meanwhile changes nothing we read.
-pub fn read_file(root: BorrowedFd<'_>, rel: &str, max: u64) -> Result<Vec<u8>, ReadError> {
-    let fd = open_beneath(
-        root,
-        rel,
-        OFlag::O_RDONLY | OFlag::O_NONBLOCK,
-        Mode::empty(),
-    )
-    .map_err(|e| refusal(rel, e))?;
-    let stat = fstat(&fd).map_err(io::Error::from)?;
+/// Opens the regular file `rel` beneath `root` for reading, without ever opening
+/// anything else: the name is first opened `O_PATH` (which opens no FIFO or device),
+/// checked to be a regular file, and only that inode is then opened for reading, through
+/// its descriptor. Reading goes through the returned file: replacing the name meanwhile
+/// changes nothing read.
+pub fn open_file(root: BorrowedFd<'_>, rel: &str) -> Result<std::fs::File, ReadError> {
+    let handle =
+        open_beneath(root, rel, OFlag::O_PATH, Mode::empty()).map_err(|e| refusal(rel, e))?;
+    let stat = fstat(&handle).map_err(io::Error::from)?;
     if Kind::of(&stat) != Kind::File {
         return Err(ReadError::Refused(format!("{rel:?} is not a regular file")));
     }
-    let mut file = std::fs::File::from(fd);
+    let by_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&handle));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(by_fd)?;
+    // The same inode, still a regular file (a descriptor's magic link cannot be redirected).
+    let opened = fstat(&file).map_err(io::Error::from)?;
+    if (opened.st_dev, opened.st_ino) != (stat.st_dev, stat.st_ino) {
+        return Err(ReadError::Refused(format!("{rel:?} changed while opened")));
+    }
+    Ok(file)
+}
+
+/// The bytes of the regular file `rel` beneath `root`, at most `max` of them (see
+/// [`open_file`]).
+pub fn read_file(root: BorrowedFd<'_>, rel: &str, max: u64) -> Result<Vec<u8>, ReadError> {
+    let file = open_file(root, rel)?;
     let mut bytes = Vec::new();
-    (&mut file)
-        .take(max.saturating_add(1))
-        .read_to_end(&mut bytes)?;
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
     if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > max {
         return Err(ReadError::TooLarge(max));
     }
     Ok(bytes)
+}
+
+/// Whether two readers yield the same bytes, compared a block at a time.
+pub fn same_content(mut a: impl Read, mut b: impl Read) -> io::Result<bool> {
+    let (mut x, mut y) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
+    loop {
+        let n = read_full(&mut a, &mut x)?;
+        let m = read_full(&mut b, &mut y)?;
+        if n != m || x[..n] != y[..m] {
+            return Ok(false);
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+    }
+}
+
+/// Fills `buf` as far as the reader goes; the count read (short only at its end).
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 fn refusal(rel: &str, errno: Errno) -> ReadError {
@@ -251,7 +292,7 @@ fn refusal(rel: &str, errno: Errno) -> ReadError {
 pub fn write_file(
     root: BorrowedFd<'_>,
     rel: &str,
-    content: &[u8],
+    mut content: impl Read,
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> Result<(), WriteError> {
@@ -287,7 +328,7 @@ pub fn write_file(
         .map_err(WriteError::from_errno)?;
     nix::unistd::ftruncate(&fd, 0).map_err(WriteError::from_errno)?;
     let mut file = std::fs::File::from(fd);
-    file.write_all(content).map_err(WriteError::from_io)?;
+    io::copy(&mut content, &mut file).map_err(WriteError::from_io)?;
     file.sync_data().map_err(WriteError::from_io)?;
     Ok(())
 }

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -212,8 +213,11 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
             } else if meta.file_type().is_symlink() {
                 let target = std::fs::read_link(&path).unwrap();
                 out.push((name, target.display().to_string().into_bytes()));
-            } else {
+            } else if meta.is_file() {
                 out.push((name, std::fs::read(&path).unwrap()));
+            } else {
+                // A FIFO or device: never opened (a FIFO would block).
+                out.push((name, format!("<special {:o}>", meta.mode()).into_bytes()));
             }
         }
     }
@@ -562,4 +566,45 @@ fn every_session_answer_matches_the_published_schema() {
         let answer = client.ask(bad.clone());
         assert_eq!(error_kind(&answer), "invalid_request", "{answer}");
     }
+}
+
+#[test]
+fn a_base_is_copied_without_following_links_opening_fifos_or_keeping_setuid() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let fixture = Fixture::start();
+    let base = fixture.bases.0.join("odd");
+    std::fs::create_dir_all(&base).unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", base.join("shadow")).unwrap();
+    let fifo = std::ffi::CString::new(base.join("pipe").display().to_string()).unwrap();
+    // SAFETY: mkfifo on a NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    std::fs::write(base.join("suid"), "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(base.join("suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let before = snapshot(&base);
+
+    let mut client = fixture.client();
+    let s = client.open_id(json!({"base": base.display().to_string()}));
+    let listed = client.sh(&s, "ls -A; stat -c %a suid; readlink shadow");
+    assert_eq!(
+        stdout(&listed),
+        "shadow\nsuid\n755\n/etc/shadow\n",
+        "{listed}"
+    );
+    assert_eq!(error_kind(&client.get(&s, "shadow")), "invalid_request");
+    let changes = client.changes(&s);
+    assert_eq!(changes["result"]["changes"], json!([]), "{changes}");
+    assert_eq!(snapshot(&base), before);
+
+    // A base larger than the workspace is refused whole, and leaves nothing behind.
+    let big = fixture.bases.0.join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    std::fs::write(big.join("blob"), vec![1u8; 200 << 10]).unwrap();
+    let on_disk = fixture.sessions_on_disk().len();
+    let refused = client.open(json!({"base": big.display().to_string(), "size": "64KiB"}));
+    assert_eq!(error_kind(&refused), "workspace_full", "{refused}");
+    assert_eq!(fixture.sessions_on_disk().len(), on_disk);
 }
