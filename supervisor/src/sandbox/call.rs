@@ -50,7 +50,13 @@ impl Supervisor {
         // Pooled workers have /dev/null stdio, so only captured runs can use them; and they
         // are confined before a call names its session, so no call with a workspace can.
         let poolable = run.inherit_stdio.is_none() && profile.workspace.is_none();
-        let key = self.pool_keys.of(&profile);
+        // Not even looked up otherwise: a session's profiles would crowd the pooled ones
+        // out of the bounded key cache.
+        let key = if poolable {
+            self.pool_keys.of(&profile)
+        } else {
+            String::new()
+        };
         let pooled = if poolable { self.pool.take(&key) } else { None };
         // Replenish once this call has answered (however it ends).
         let _replenish = pooled.is_some().then(|| ReplenishOnDrop {

@@ -608,3 +608,74 @@ fn a_base_is_copied_without_following_links_opening_fifos_or_keeping_setuid() {
     assert_eq!(error_kind(&refused), "workspace_full", "{refused}");
     assert_eq!(fixture.sessions_on_disk().len(), on_disk);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_library_gate_runs_calls_in_sessions_and_other_calls_as_before() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let scratch = Scratch::new("workspace-library");
+    let text = format!(
+        "{}\n[profiles.plain]\nread = [\"/usr\"]\nread_optional = [\"/bin\", \"/lib\", \"/lib64\"]\n\
+         [tools.plain]\ndescription = \"d\"\nprofile = \"plain\"\ncommand = [\"/bin/echo\", \"plain\"]\n\
+         side_effect = \"read\"\ninput = {{ type = \"object\" }}\n",
+        policy(&scratch.0)
+    );
+    let policy = airlock_policy::load_policy_str(&text, "p.toml")
+        .unwrap()
+        .policy;
+    let bounds = policy.sessions.clone();
+    let supervisor = Arc::new(airlock_tests::supervisor());
+    let call = |tool: &str, script: &str| airlock::ToolCall {
+        call_id: "c".into(),
+        tool: tool.into(),
+        arguments: json!({"script": script}).to_string(),
+    };
+    let in_session = |session: &str| airlock::CallOptions {
+        session: Some(session.into()),
+        ..Default::default()
+    };
+
+    // A gate serving no sessions refuses a workspace tool, and runs the others.
+    let bare = airlock::Gate::new(Arc::clone(&supervisor), policy.clone());
+    let refused = bare.call(&call("sh", "true"), &in_session("any")).await;
+    assert_eq!(
+        refused.error.map(|e| e.kind),
+        Some(airlock::ErrorKind::SessionUnknown)
+    );
+    let plain = bare
+        .call(&call("plain", ""), &airlock::CallOptions::default())
+        .await;
+    assert!(plain.ok, "{plain:?}");
+
+    let sessions = Arc::new(
+        airlock::Sessions::new(
+            &scratch.0.join("sessions"),
+            supervisor.sandbox_ids(),
+            Arc::new(airlock::gate::SystemClock),
+        )
+        .unwrap(),
+    );
+    let gate =
+        airlock::Gate::new(Arc::clone(&supervisor), policy).with_sessions(Arc::clone(&sessions));
+    let opened = sessions.open(&bounds, None, None, 1 << 20).unwrap();
+    assert_eq!(opened.isolation, "empty");
+    let wrote = gate
+        .call(
+            &call("sh", "echo from-call > f"),
+            &in_session(&opened.session),
+        )
+        .await;
+    assert!(wrote.ok, "{wrote:?}");
+    assert_eq!(
+        sessions.get_file(&bounds, &opened.session, "f").unwrap(),
+        b"from-call\n"
+    );
+    let changes = sessions.changes(&bounds, &opened.session).unwrap();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].kind, airlock::session::ChangeKind::Added);
+    sessions.close(&opened.session).unwrap();
+    assert_eq!(sessions.count(), 0);
+    supervisor.close().await;
+}
