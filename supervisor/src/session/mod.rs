@@ -135,7 +135,7 @@ pub struct Sessions {
 struct Session {
     storage: Storage,
     /// The host directory it was copied from (canonical).
-    base: Option<PathBuf>,
+    base: Option<Base>,
     inodes: u64,
     state: Mutex<SessionState>,
 }
@@ -275,12 +275,12 @@ impl Sessions {
     fn copy_base(
         &self,
         storage: &Storage,
-        base: &Path,
+        base: &Base,
         policy: &SessionPolicy,
         size: u64,
     ) -> Result<(), SessionError> {
         const OP: &str = "session_open";
-        let base_fd = tree::open_root(base).map_err(SessionError::storage(OP))?;
+        let base_fd = base.open().map_err(SessionError::storage(OP))?;
         let root = tree::open_root(&storage.path).map_err(SessionError::storage(OP))?;
         changes::copy_base(
             base_fd.as_fd(),
@@ -364,8 +364,8 @@ impl Sessions {
         let root = tree::open_root(&session.storage.path).map_err(SessionError::storage(OP))?;
         let base = session
             .base
-            .as_deref()
-            .map(tree::open_root)
+            .as_ref()
+            .map(Base::open)
             .transpose()
             .map_err(SessionError::storage(OP))?;
         changes::changes(
@@ -505,8 +505,33 @@ pub fn without_sessions(profile: &CompiledProfile) -> Result<Option<SessionCall>
     }
 }
 
+/// A session's base: a directory beneath one of the policy's bases, opened from that
+/// base's root on every use without following a symlink on the way (someone who can
+/// change the directories under a base cannot swap one for a link to elsewhere between
+/// the check and the copy).
+#[derive(Debug)]
+struct Base {
+    /// The policy's base, resolved when the session opened.
+    root: PathBuf,
+    /// The client's base relative to it (`.` for the base itself).
+    rel: String,
+}
+
+impl Base {
+    fn open(&self) -> io::Result<std::os::fd::OwnedFd> {
+        let root = tree::open_root(&self.root)?;
+        tree::open_beneath(
+            root.as_fd(),
+            &self.rel,
+            nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_RDONLY,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(io::Error::from)
+    }
+}
+
 /// Resolves a client's base to a directory under one of the policy's bases.
-fn allowed_base(policy: &SessionPolicy, base: &str) -> Result<PathBuf, SessionError> {
+fn allowed_base(policy: &SessionPolicy, base: &str) -> Result<Base, SessionError> {
     const OP: &str = "session_open";
     if !base.starts_with('/') || base.contains('\0') || base.len() > tree::MAX_PATH_BYTES {
         return Err(SessionError::invalid(
@@ -516,19 +541,28 @@ fn allowed_base(policy: &SessionPolicy, base: &str) -> Result<PathBuf, SessionEr
     }
     let canonical = std::fs::canonicalize(base)
         .map_err(|_| SessionError::invalid(OP, "base does not exist"))?;
-    let under = policy.bases.iter().any(|allowed| {
-        std::fs::canonicalize(allowed).is_ok_and(|allowed| canonical.starts_with(&allowed))
+    let found = policy.bases.iter().find_map(|allowed| {
+        let allowed = std::fs::canonicalize(allowed).ok()?;
+        let rel = canonical.strip_prefix(&allowed).ok()?;
+        let rel = match rel.to_str()? {
+            "" => ".".to_string(),
+            rel => rel.to_string(),
+        };
+        Some(Base { root: allowed, rel })
     });
-    if !under {
+    let Some(found) = found else {
         return Err(SessionError::invalid(
             OP,
             "base is not under any of the policy's [sessions] bases",
         ));
+    };
+    if found.open().is_err() {
+        return Err(SessionError::invalid(
+            OP,
+            "base is not a directory reachable without symlinks",
+        ));
     }
-    if !canonical.is_dir() {
-        return Err(SessionError::invalid(OP, "base is not a directory"));
-    }
-    Ok(canonical)
+    Ok(found)
 }
 
 impl Session {

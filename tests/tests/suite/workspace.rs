@@ -334,6 +334,10 @@ fn the_base_is_never_modified_and_changes_lists_exactly_the_edits() {
     // A base outside the policy's bases is refused, however it is spelled.
     let outside = client.open(json!({"base": "/etc"}));
     assert_eq!(error_kind(&outside), "invalid_request", "{outside}");
+    let escape = fixture.bases.0.join("escape");
+    std::os::unix::fs::symlink("/etc", &escape).unwrap();
+    let linked = client.open(json!({"base": escape.display().to_string()}));
+    assert_eq!(error_kind(&linked), "invalid_request", "{linked}");
     let dotted = format!("{}/../../etc", base.display());
     assert_eq!(
         error_kind(&client.open(json!({"base": dotted}))),
