@@ -467,3 +467,100 @@ pub fn read_link(root: BorrowedFd<'_>, rel: &str) -> io::Result<Vec<u8>> {
     let target = nix::fcntl::readlinkat(&dir, name)?;
     Ok(target.as_bytes().to_vec())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_are_normalised_and_bounded() {
+        for good in [
+            "a",
+            "a/b",
+            ".hidden",
+            "..dots",
+            "a/...",
+            "x".repeat(255).as_str(),
+        ] {
+            assert_eq!(check_relative(good), Ok(()), "{good:?}");
+        }
+        let long = "a/".repeat(600) + "a";
+        let deep = "a/".repeat(64) + "a";
+        for bad in [
+            "",
+            "/a",
+            "a/",
+            "a//b",
+            ".",
+            "..",
+            "./a",
+            "a/./b",
+            "a/..",
+            "../a",
+            "a\0b",
+            &"x".repeat(256),
+            &long,
+            &deep,
+        ] {
+            assert!(check_relative(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn reads_and_writes_stay_beneath_the_root_and_on_regular_files() {
+        let dir = std::env::temp_dir().join(format!("airlock-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("root/sub")).unwrap();
+        std::fs::write(dir.join("outside"), "secret").unwrap();
+        std::os::unix::fs::symlink("../outside", dir.join("root/link")).unwrap();
+        std::os::unix::fs::symlink("..", dir.join("root/up")).unwrap();
+        let root = open_root(&dir.join("root")).unwrap();
+        let root = root.as_fd();
+
+        write_file(root, "sub/new/file", &b"data"[..], 0o4755, None).unwrap();
+        assert_eq!(read_file(root, "sub/new/file", 16).unwrap(), b"data");
+        let mode = std::fs::metadata(dir.join("root/sub/new/file")).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o7777,
+            0o755,
+            "no setuid bit is ever written"
+        );
+        assert!(matches!(
+            read_file(root, "sub/new/file", 3),
+            Err(ReadError::TooLarge(3))
+        ));
+        for refused in ["link", "up/outside", "sub", "missing"] {
+            assert!(
+                matches!(read_file(root, refused, 16), Err(ReadError::Refused(_))),
+                "{refused}"
+            );
+        }
+        assert!(matches!(
+            write_file(root, "link", &b"x"[..], 0o644, None),
+            Err(WriteError::Refused(_))
+        ));
+        assert!(matches!(
+            write_file(root, "up/planted", &b"x"[..], 0o644, None),
+            Err(WriteError::Refused(_))
+        ));
+        assert!(!dir.join("planted").exists());
+        assert_eq!(std::fs::read(dir.join("outside")).unwrap(), b"secret");
+        let paths: Vec<(String, Kind)> = walk(root, 100)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.path, e.kind))
+            .collect();
+        assert_eq!(
+            paths,
+            vec![
+                ("link".to_string(), Kind::Symlink),
+                ("sub".to_string(), Kind::Dir),
+                ("sub/new".to_string(), Kind::Dir),
+                ("sub/new/file".to_string(), Kind::File),
+                ("up".to_string(), Kind::Symlink),
+            ]
+        );
+        assert!(walk(root, 2).is_err(), "more entries than the limit");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
