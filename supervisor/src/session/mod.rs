@@ -593,6 +593,16 @@ pub struct SessionCall {
 impl SessionCall {
     /// Makes a call that ran out of room in the workspace a typed `workspace_full`.
     pub fn finish(&self, result: &mut ToolResult) {
+        // Only a tool's own failure (or success) is explained by a full workspace: a
+        // timeout, a kill or a refusal keeps its kind.
+        let tool_outcome = result.ok
+            || result
+                .error
+                .as_ref()
+                .is_some_and(|e| e.kind == ErrorKind::ToolFailed);
+        if !tool_outcome {
+            return;
+        }
         let Ok(usage) = self.session.storage.usage() else {
             return;
         };
