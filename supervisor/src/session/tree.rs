@@ -561,6 +561,19 @@ mod tests {
             ]
         );
         assert!(walk(root, 2).is_err(), "more entries than the limit");
+
+        // A file replaced (by a symlink to a secret) while it is being read: what is read
+        // is the file that was opened, never what the name points at later.
+        let mut opened = open_file(root, "sub/new/file").unwrap();
+        std::fs::remove_file(dir.join("root/sub/new/file")).unwrap();
+        std::os::unix::fs::symlink("../../../outside", dir.join("root/sub/new/file")).unwrap();
+        let mut bytes = Vec::new();
+        opened.read_to_end(&mut bytes).unwrap();
+        assert_eq!(bytes, b"data");
+        assert!(matches!(
+            read_file(root, "sub/new/file", 16),
+            Err(ReadError::Refused(_))
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
