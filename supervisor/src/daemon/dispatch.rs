@@ -212,6 +212,7 @@ fn stats(shared: &Shared) -> Value {
         "warm_pools": shared.gate.supervisor().warm_pools(),
         "max_concurrent": config.max_concurrent,
         "max_queued": config.max_queued,
+        "sessions_open": shared.gate.sessions().map_or(0, |s| s.count()),
     }})
 }
 
