@@ -584,12 +584,16 @@ fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
     })
 }
 
-/// The profiles some tool of `policy` uses: the ones `serve --pool` keeps warm.
+/// The profiles some tool of `policy` uses and that can be pooled: the ones `serve --pool`
+/// keeps warm.
 fn profiles_in_use(policy: &CompiledPolicy) -> Vec<Arc<CompiledProfile>> {
     let used: std::collections::BTreeSet<&String> =
         policy.tools.values().map(|t| &t.tool.profile).collect();
+    // A profile with a workspace runs every call cold (its session's mount is per call):
+    // a pool of it would never be taken from.
     used.into_iter()
         .filter_map(|name| policy.profiles.get(name))
+        .filter(|p| p.workspace.is_none())
         .cloned()
         .collect()
 }
@@ -616,6 +620,13 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
         let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy);
         if let Some(audit) = audit {
             gate = gate.with_audit(audit);
+        }
+        // Session workspaces live beside the socket, one state directory per daemon.
+        let mut state_dir = flags.config.socket.clone().into_os_string();
+        state_dir.push(".sessions");
+        match airlock::Sessions::new(state_dir.as_ref(), supervisor.sandbox_ids(), Arc::new(airlock::gate::SystemClock)) {
+            Ok(sessions) => gate = gate.with_sessions(Arc::new(sessions)),
+            Err(e) => tracing::error!(error = %e, "session workspaces unavailable; session ops will be refused"),
         }
         let gate = Arc::new(gate);
         let stop = airlock::CancelSignal::new();

@@ -13,8 +13,8 @@ use crate::egress::EgressPolicy;
 use crate::schema::{CompiledSchema, SchemaError, compile_schema};
 use crate::seccomp::{SeccompError, compile_seccomp_program, digest_program};
 use crate::validated::{
-    ArgTemplate, GatePolicy, Limits, Network, ProcView, Profile, Requirements, StdinSource, Tool,
-    ValidatedPolicy,
+    ArgTemplate, GatePolicy, Limits, Network, ProcView, Profile, Requirements, SessionPolicy,
+    StdinSource, Tool, ValidatedPolicy, Workspace,
 };
 
 /// Why a validated policy could not be compiled (a bug or an unsupported platform: every
@@ -87,6 +87,9 @@ pub struct CompiledProfile {
     pub require: Requirements,
     /// The egress proxy's allowlist, for a profile whose network is `allow = [...]`.
     pub egress: Option<Arc<EgressPolicy>>,
+    /// Where a session's files appear; the spec holds no mount for it (each session's
+    /// calls add their own).
+    pub workspace: Option<Workspace>,
 }
 
 /// A compiled tool.
@@ -111,6 +114,8 @@ pub struct CompiledPolicy {
     pub tools: BTreeMap<String, CompiledTool>,
     /// Decision rules, rate limits, approval and audit settings.
     pub gate: GatePolicy,
+    /// Session workspace bounds.
+    pub sessions: SessionPolicy,
 }
 
 /// Mount targets ordered parents first, so a nested bind lands on top of its parent.
@@ -193,6 +198,34 @@ pub fn plan_mounts(profile: &Profile) -> Vec<MountOp> {
         target: "/dev".to_string(),
     });
     plan
+}
+
+/// The profile a call of one session runs under: `profile` with the session's storage at
+/// `source` bound read-write (nosuid, nodev, like every bind) at the profile's workspace,
+/// and Landlock letting tools write there. A profile without a workspace comes back as it
+/// is.
+pub fn with_workspace(profile: &CompiledProfile, source: &str) -> CompiledProfile {
+    let mut compiled = profile.clone();
+    let Some(workspace) = &profile.workspace else {
+        return compiled;
+    };
+    let bind = MountOp::Bind {
+        source: source.to_string(),
+        target: workspace.path.clone(),
+        writable: true,
+        optional: false,
+    };
+    // After every mount it is not below (validation keeps it apart from all of them), so
+    // before /proc and /dev, which come last.
+    let at = compiled
+        .spec
+        .mounts
+        .iter()
+        .position(|op| matches!(op, MountOp::Proc { .. } | MountOp::Dev { .. }))
+        .unwrap_or(compiled.spec.mounts.len());
+    compiled.spec.mounts.insert(at, bind);
+    compiled.spec.landlock.write.push(workspace.path.clone());
+    compiled
 }
 
 /// Landlock rules of a profile, as paths inside the sandbox.
@@ -298,6 +331,7 @@ pub fn compile_profile(profile: &Profile) -> Result<CompiledProfile, CompileErro
         limits: profile.limits,
         require: profile.require,
         egress,
+        workspace: profile.workspace.clone(),
     })
 }
 
@@ -346,6 +380,7 @@ pub fn compile_policy(
         version: sha256_hex(source_text.as_bytes()),
         profiles,
         tools,
+        sessions: policy.sessions.clone(),
     })
 }
 

@@ -46,6 +46,30 @@ pub struct PolicyFile {
     /// Two-phase approval settings.
     #[serde(default)]
     pub approvals: Option<ApprovalsFile>,
+    /// Session workspaces: where their bases may come from, and their bounds.
+    #[serde(default)]
+    pub sessions: Option<SessionsFile>,
+}
+
+/// The `[sessions]` table; every value is optional and has a documented default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsFile {
+    /// Host directories under which a session's `base` must lie.
+    #[serde(default)]
+    pub bases: Vec<Spanned<String>>,
+    /// Most sessions open at once.
+    #[serde(default)]
+    pub max_sessions: Option<Spanned<i64>>,
+    /// A session unused this long is closed (duration).
+    #[serde(default)]
+    pub idle_timeout: Option<Spanned<String>>,
+    /// Largest workspace a session may ask for (size).
+    #[serde(default)]
+    pub max_size: Option<Spanned<String>>,
+    /// Most files and directories in one workspace.
+    #[serde(default)]
+    pub max_inodes: Option<Spanned<i64>>,
 }
 
 /// One decision rule.
@@ -153,6 +177,12 @@ pub struct ProfileFile {
     /// The sandbox's `/proc`: `"masked"` (default) or `"full"` (validated later).
     #[serde(default)]
     pub proc: Option<Spanned<String>>,
+    /// Where a session's workspace appears inside the sandbox (absolute).
+    #[serde(default)]
+    pub workspace: Option<Spanned<String>>,
+    /// Default size of a session workspace opened for this profile's calls (size).
+    #[serde(default)]
+    pub workspace_size: Option<Spanned<String>>,
 }
 
 /// The `network` key: a mode name or a table.

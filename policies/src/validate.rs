@@ -24,13 +24,16 @@ mod gate;
 mod permissions;
 mod profile;
 mod schemas;
+mod sessions;
 mod tool;
 
 // The validated types, under the paths callers have always used (`validate::Tool`, ...).
 pub use crate::validated::{
     Approval, ArgTemplate, Limits, Network, PERMISSIONS, PathGrant, ProcView, Profile,
-    Requirements, SideEffect, StdinSource, TcpPorts, Tool, ToolState, ValidatedPolicy,
+    Requirements, SessionPolicy, SideEffect, StdinSource, TcpPorts, Tool, ToolState,
+    ValidatedPolicy, Workspace,
 };
+pub use sessions::DEFAULT_WORKSPACE_BYTES;
 
 use gate::check_gate;
 use profile::check_profile;
@@ -71,6 +74,9 @@ mod bounds {
     pub const FILE_SIZE_BYTES: (u64, u64) = (1, 1 << 40);
     pub const TMPFS_BYTES: (u64, u64) = (4 << 10, 64 << 30);
     pub const RETRIES: (i64, i64) = (0, 10);
+    pub const MAX_SESSIONS: (i64, i64) = (1, 100_000);
+    pub const IDLE_TIMEOUT_MIN: Duration = Duration::from_secs(1);
+    pub const INODES: (i64, i64) = (16, 1 << 32);
 }
 
 static TOOL_NAME: LazyLock<Result<Regex, regex::Error>> =
@@ -224,10 +230,16 @@ pub fn validate_policy(
             .is_none_or(|v| *v.get_ref()),
     };
 
+    let sessions = sessions::check_sessions(&mut c, file.sessions.as_ref());
     let profiles: BTreeMap<String, Option<Profile>> = file
         .profiles
         .iter()
-        .map(|(name, p)| (name.get_ref().clone(), check_profile(&mut c, name, p)))
+        .map(|(name, p)| {
+            (
+                name.get_ref().clone(),
+                check_profile(&mut c, name, p, &sessions),
+            )
+        })
         .collect();
     let tools: BTreeMap<String, Option<Tool>> = file
         .tools
@@ -258,6 +270,7 @@ pub fn validate_policy(
             .into_iter()
             .filter_map(|(k, v)| Some((k, v?)))
             .collect(),
+        sessions,
     };
     Ok((policy, diagnostics))
 }

@@ -28,6 +28,44 @@ pub struct ValidatedPolicy {
     pub profiles: BTreeMap<String, Profile>,
     /// Tools by name.
     pub tools: BTreeMap<String, Tool>,
+    /// Session workspace bounds.
+    pub sessions: SessionPolicy,
+}
+
+/// Where session workspaces may start from, and how large and long-lived they may be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionPolicy {
+    /// Host directories (absolute, normalised) under which a session's base must lie.
+    pub bases: Vec<String>,
+    /// Most sessions open at once.
+    pub max_sessions: usize,
+    /// A session unused this long is closed.
+    pub idle_timeout: Duration,
+    /// Largest workspace, bytes.
+    pub max_size_bytes: u64,
+    /// Most inodes in one workspace.
+    pub max_inodes: u64,
+}
+
+impl Default for SessionPolicy {
+    fn default() -> Self {
+        Self {
+            bases: Vec::new(),
+            max_sessions: 64,
+            idle_timeout: Duration::from_secs(30 * 60),
+            max_size_bytes: 1 << 30,
+            max_inodes: 65_536,
+        }
+    }
+}
+
+/// Where a session's files appear in a profile's sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Size of a workspace opened without one, bytes (at most the sessions' `max_size`).
+    pub size_bytes: u64,
 }
 
 /// A host path bound into the sandbox at the same place.
@@ -135,6 +173,8 @@ pub struct Profile {
     pub cwd: String,
     /// What of `/proc` the sandbox sees.
     pub proc: ProcView,
+    /// A session's files appear here, read-write, in calls naming that session.
+    pub workspace: Option<Workspace>,
 }
 
 /// One element of a tool's argv template.

@@ -48,6 +48,12 @@ pub enum ErrorKind {
     Overloaded,
     /// A rate limit was exceeded.
     RateLimited,
+    /// The session's workspace is at its size or inode limit.
+    WorkspaceFull,
+    /// The call names no open session, and its tool's profile has a workspace.
+    SessionUnknown,
+    /// As many sessions are open as the policy's `max_sessions`.
+    SessionLimit,
 }
 
 /// One schema violation (pointer and keyword, never the value).
@@ -281,6 +287,9 @@ mod tests {
             (ErrorKind::ProtocolViolation, false),
             (ErrorKind::Overloaded, false),
             (ErrorKind::RateLimited, false),
+            (ErrorKind::WorkspaceFull, false),
+            (ErrorKind::SessionUnknown, false),
+            (ErrorKind::SessionLimit, false),
         ];
         for (kind, retried) in table {
             assert_eq!(ToolError::new(kind, "").is_retryable(), retried, "{kind:?}");
@@ -438,6 +447,9 @@ mod tests {
             (ErrorKind::Cancelled, "cancelled"),
             (ErrorKind::Overloaded, "overloaded"),
             (ErrorKind::RateLimited, "rate_limited"),
+            (ErrorKind::WorkspaceFull, "workspace_full"),
+            (ErrorKind::SessionUnknown, "session_unknown"),
+            (ErrorKind::SessionLimit, "session_limit"),
         ];
         for (kind, name) in kinds {
             assert_eq!(serde_json::to_value(kind).expect("serialises"), name);

@@ -193,6 +193,8 @@ pub(super) struct ProfileFacts {
     pub(super) read_only: Vec<PathFacts>,
     pub(super) read_write: Vec<PathFacts>,
     pub(super) tmpfs: Vec<TmpfsFacts>,
+    /// Where a session's files appear; null without a workspace.
+    pub(super) workspace: Option<TmpfsFacts>,
     pub(super) network: NetworkFacts,
     pub(super) syscalls: SyscallFacts,
     pub(super) limits: LimitFacts,

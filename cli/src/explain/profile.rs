@@ -67,6 +67,11 @@ pub(super) fn describe_profile(profile: &Profile) -> ProfileFacts {
                 size: format_size(*size),
             })
             .collect(),
+        workspace: profile.workspace.as_ref().map(|w| TmpfsFacts {
+            path: w.path.clone(),
+            size_bytes: w.size_bytes,
+            size: format_size(w.size_bytes),
+        }),
         network: describe_network(&profile.network),
         syscalls: describe_syscalls(profile),
         limits: LimitFacts {

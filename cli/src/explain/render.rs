@@ -170,6 +170,13 @@ fn render_profile(p: &ProfileFacts, policy: &str, line: &mut impl FnMut(String))
             tmpfs.join(", ")
         }
     ));
+    if let Some(w) = &p.workspace {
+        line(format!(
+            "    workspace:            {} (read-write, nosuid, nodev: the named session's files, \
+             kept across its calls; {} unless the session asks otherwise)",
+            w.path, w.size
+        ));
+    }
     line(
         "    always:               a fresh /proc; /dev with only null, zero, full, random, \
          urandom"

@@ -41,7 +41,10 @@ export type ErrorKind =
   | "sandbox_unavailable"
   | "cancelled"
   | "overloaded"
-  | "rate_limited";
+  | "rate_limited"
+  | "workspace_full"
+  | "session_unknown"
+  | "session_limit";
 
 /** One schema violation of `invalid_input`: where and which keyword, never the value. */
 export interface Violation {
@@ -218,6 +221,7 @@ export interface Stats {
   warm_pools: number;
   max_concurrent: number;
   max_queued: number;
+  sessions_open: number;
 }
 
 /** The answer of `call` with `dry_run`. */
@@ -247,9 +251,49 @@ export interface ToolsAnswer {
   tools: ToolListing[];
 }
 
+/** The answer of `session_open`. */
+export interface SessionOpenAnswer {
+  session: string;
+  expires_at: number;
+  isolation: "copy" | "empty";
+  size: number;
+}
+
+export interface PutFileAnswer {
+  size: number;
+}
+
+export interface GetFileAnswer {
+  content_base64: string;
+  size: number;
+}
+
+/** One path of a session's workspace that differs from its base. */
+export interface Change {
+  path: string;
+  kind: "added" | "modified" | "deleted";
+  size: number;
+}
+
+export interface ChangesAnswer {
+  changes: Change[];
+}
+
+export interface SessionCloseAnswer {
+  closed: true;
+}
+
 /** A request the daemon did not take (`{"id", "error"}` instead of `{"id", "result"}`). */
 export interface RequestErrorBody {
-  kind: "invalid_request" | "forbidden" | "overloaded" | "unknown_tool";
+  kind:
+    | "invalid_request"
+    | "forbidden"
+    | "overloaded"
+    | "unknown_tool"
+    | "workspace_full"
+    | "session_unknown"
+    | "session_limit"
+    | "sandbox_unavailable";
   message: string;
   retry_after_ms?: number;
 }
@@ -318,6 +362,35 @@ export interface PlainRequest {
   op: "tools" | "health" | "stats";
 }
 
+export interface SessionOpenRequest {
+  id?: RequestId;
+  op: "session_open";
+  base?: string;
+  size?: number | string;
+}
+
+export interface PutFileRequest {
+  id?: RequestId;
+  op: "put_file";
+  session: string;
+  path: string;
+  content_base64: string;
+}
+
+export interface GetFileRequest {
+  id?: RequestId;
+  op: "get_file";
+  session: string;
+  path: string;
+}
+
+/** `changes` and `session_close`. */
+export interface SessionRequest {
+  id?: RequestId;
+  op: "changes" | "session_close";
+  session: string;
+}
+
 export type Request =
   | CallRequest
   | ProposeRequest
@@ -325,7 +398,11 @@ export type Request =
   | ExecuteRequest
   | RejectRequest
   | SetStateRequest
-  | PlainRequest;
+  | PlainRequest
+  | SessionOpenRequest
+  | PutFileRequest
+  | GetFileRequest
+  | SessionRequest;
 
 /**
  * Which schema object each interface above mirrors (JSON pointers into
@@ -352,6 +429,12 @@ export const SCHEMA_OF = {
   RejectAnswer: "/$defs/answers/properties/reject/properties/result",
   SetStateAnswer: "/$defs/answers/properties/set_state/properties/result",
   ToolsAnswer: "/$defs/answers/properties/tools/properties/result",
+  SessionOpenAnswer: "/$defs/answers/properties/session_open/properties/result",
+  PutFileAnswer: "/$defs/answers/properties/put_file/properties/result",
+  GetFileAnswer: "/$defs/answers/properties/get_file/properties/result",
+  Change: "/$defs/answers/properties/changes/properties/result/properties/changes/items",
+  ChangesAnswer: "/$defs/answers/properties/changes/properties/result",
+  SessionCloseAnswer: "/$defs/answers/properties/session_close/properties/result",
   RequestErrorBody: "/$defs/request_error",
   Answer: "/$defs/answer",
   CallRequest: "/$defs/request/oneOf/0",
@@ -361,6 +444,10 @@ export const SCHEMA_OF = {
   RejectRequest: "/$defs/request/oneOf/4",
   SetStateRequest: "/$defs/request/oneOf/5",
   PlainRequest: "/$defs/request/oneOf/6",
+  SessionOpenRequest: "/$defs/request/oneOf/7",
+  PutFileRequest: "/$defs/request/oneOf/8",
+  GetFileRequest: "/$defs/request/oneOf/9",
+  SessionRequest: "/$defs/request/oneOf/10",
   ErrorKind: "/$defs/error_kind",
   ToolState: "/$defs/tool_listing/properties/state",
   SideEffect: "/$defs/tool_listing/properties/side_effect",

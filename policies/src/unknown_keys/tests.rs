@@ -74,6 +74,7 @@ fn the_schema_and_the_serde_model_know_the_same_keys_in_every_table() {
         ("rate_limits", serde_fields::<model::RateLimitsFile>()),
         ("audit", serde_fields::<model::AuditFile>()),
         ("approvals", serde_fields::<model::ApprovalsFile>()),
+        ("sessions", serde_fields::<model::SessionsFile>()),
     ]);
     let schema = closed_tables();
     let schema_paths: BTreeSet<&str> = schema.keys().map(String::as_str).collect();

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+use super::sessions::{check_workspace, granted_paths};
 use super::{
     Checker, Limits, Network, PathGrant, ProcView, Profile, Requirements, TOOL_NAME, TcpPorts,
 };
-use super::{bounds, defaults};
+use super::{SessionPolicy, bounds, defaults};
 use crate::egress::{Cidr, EgressPolicy, HostRule};
 use crate::model::{LimitsFile, NetworkFile, ProfileFile, RequireFile, SyscallsFile};
 use crate::seccomp::{DEFAULT_ALLOW, SocketFamilies, SyscallPolicy, is_never_allowed};
@@ -31,6 +32,7 @@ pub(super) fn check_profile(
     c: &mut Checker<'_>,
     name: &Spanned<String>,
     file: &ProfileFile,
+    sessions: &SessionPolicy,
 ) -> Option<Profile> {
     let before = c.error_count();
     let profile_name = check_profile_name(c, name);
@@ -43,6 +45,7 @@ pub(super) fn check_profile(
     let hostname = check_hostname(c, file.hostname.as_ref());
     let cwd = check_cwd(c, file.cwd.as_ref(), &tmpfs);
     let proc = check_proc(c, file.proc.as_ref());
+    let workspace = check_workspace(c, file, &granted_paths(&read, &write, &tmpfs), sessions);
     (c.error_count() == before).then_some(Profile {
         name: profile_name,
         read,
@@ -56,6 +59,7 @@ pub(super) fn check_profile(
         hostname,
         cwd,
         proc,
+        workspace,
     })
 }
 

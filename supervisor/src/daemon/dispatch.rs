@@ -193,6 +193,14 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
         Op::Stats => {
             answers.send(reply(stats(shared)), None).await;
         }
+        op @ (Op::SessionOpen(_)
+        | Op::PutFile(_)
+        | Op::GetFile(_)
+        | Op::Changes(_)
+        | Op::SessionClose(_)) => {
+            let body = super::sessions::answer(&shared.gate, op).await;
+            answers.send(reply(body), None).await;
+        }
     }
 }
 
@@ -227,6 +235,7 @@ fn stats(shared: &Shared) -> Value {
         "warm_pools": shared.gate.supervisor().warm_pools(),
         "max_concurrent": config.max_concurrent,
         "max_queued": config.max_queued,
+        "sessions_open": shared.gate.sessions().map_or(0, |s| s.count()),
     }})
 }
 

@@ -16,9 +16,11 @@
 
 mod budget;
 
+mod base64;
 mod client;
 mod connection;
 mod dispatch;
+mod sessions;
 mod wire;
 
 use std::path::PathBuf;
@@ -34,8 +36,9 @@ use crate::gate::Gate;
 
 pub use client::{DaemonClient, ToolResultJson};
 pub use wire::{
-    CallRequest, CancelRequest, ExecuteRequest, FrameRequest, FrameResponse, MAX_ID_BYTES,
-    MAX_REQUEST_BYTES, Op, RejectRequest, RequestError, SetStateRequest, parse_line, parse_op,
+    CallRequest, CancelRequest, ExecuteRequest, FrameRequest, FrameResponse, GetFileRequest,
+    MAX_ID_BYTES, MAX_REQUEST_BYTES, Op, PutFileRequest, RejectRequest, RequestError,
+    SessionOpenRequest, SessionRequest, SetStateRequest, SizeField, parse_line, parse_op,
 };
 
 /// The JSON Schema of the daemon's JSON lines: every request a client may send and every
@@ -228,6 +231,7 @@ pub async fn serve(
         calls: CancelSignal::new(),
     });
     tracing::info!(socket = %path.display(), "airlock daemon listening");
+    let sweeper = sessions::keep_sweeping(&shared.gate);
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -262,6 +266,12 @@ pub async fn serve(
     let until = tokio::time::Instant::now() + Duration::from_secs(5);
     while shared.stats.in_flight.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if let Some(sweeper) = sweeper {
+        sweeper.abort();
+    }
+    if let Some(sessions) = shared.gate.sessions() {
+        sessions.close_all();
     }
     tracing::info!("airlock daemon stopped");
     Ok(())

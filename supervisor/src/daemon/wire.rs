@@ -42,6 +42,68 @@ pub enum Op {
     Health,
     /// Counters.
     Stats,
+    /// Open a session workspace.
+    SessionOpen(SessionOpenRequest),
+    /// Write a file into a session's workspace.
+    PutFile(PutFileRequest),
+    /// Read a file of a session's workspace.
+    GetFile(GetFileRequest),
+    /// What a session's workspace changed against its base.
+    Changes(SessionRequest),
+    /// Close a session: everything of it removed.
+    SessionClose(SessionRequest),
+}
+
+/// The fields of `session_open`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionOpenRequest {
+    /// A host directory under one of the policy's `[sessions] bases` to start from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// The workspace's size limit: bytes, or a size like `"64MiB"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<SizeField>,
+}
+
+/// A size: a number of bytes or a text like `"64MiB"`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SizeField {
+    /// Bytes.
+    Bytes(u64),
+    /// A size with its unit.
+    Text(String),
+}
+
+/// The fields of `put_file`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutFileRequest {
+    /// The session.
+    pub session: String,
+    /// Relative to the workspace.
+    pub path: String,
+    /// The file's bytes, base64 (standard alphabet, padded).
+    pub content_base64: String,
+}
+
+/// The fields of `get_file`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetFileRequest {
+    /// The session.
+    pub session: String,
+    /// Relative to the workspace.
+    pub path: String,
+}
+
+/// The fields of `changes` and `session_close`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// The session.
+    pub session: String,
 }
 
 /// The fields of `call` and `propose`.
@@ -284,6 +346,11 @@ fn op_from_fields(fields: Vec<(String, Box<RawValue>)>) -> Result<Op, RequestErr
         "execute" => Op::Execute(fields_of(&name, &object)?),
         "reject" => Op::Reject(fields_of(&name, &object)?),
         "set_state" => Op::SetState(fields_of(&name, &object)?),
+        "session_open" => Op::SessionOpen(fields_of(&name, &object)?),
+        "put_file" => Op::PutFile(fields_of(&name, &object)?),
+        "get_file" => Op::GetFile(fields_of(&name, &object)?),
+        "changes" => Op::Changes(fields_of(&name, &object)?),
+        "session_close" => Op::SessionClose(fields_of(&name, &object)?),
         _ => return Err(RequestError::UnknownOp(name)),
     };
     check_ids(&op)?;
@@ -326,6 +393,10 @@ fn check_ids(op: &Op) -> Result<(), RequestError> {
             }
             Ok(())
         }
+        Op::PutFile(PutFileRequest { session, .. })
+        | Op::GetFile(GetFileRequest { session, .. })
+        | Op::Changes(SessionRequest { session })
+        | Op::SessionClose(SessionRequest { session }) => check_id("session", session),
         Op::Cancel(request) if request.target.to_string().len() > MAX_ID_BYTES => {
             Err(RequestError::BadId("target"))
         }

@@ -27,6 +27,7 @@ use crate::rate::RateState;
 use crate::result::{ErrorKind, InputViolation, ToolError, ToolResult};
 use crate::sandbox::{SandboxRun, Supervisor};
 use crate::serial::Lanes;
+use crate::session::Sessions;
 pub use dry_run::DryRun;
 
 mod dry_run;
@@ -34,21 +35,7 @@ mod heap;
 
 use heap::json_heap_bytes;
 
-/// The time source of approvals and rate limits (injectable for tests).
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    /// Now.
-    fn now(&self) -> SystemTime;
-}
-
-/// The real clock.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> SystemTime {
-        SystemTime::now()
-    }
-}
+pub use crate::clock::{Clock, SystemClock};
 
 /// Decides approvals synchronously instead of the two-phase flow (library users).
 pub trait ApprovalCallback: Send + Sync + std::fmt::Debug {
@@ -104,6 +91,8 @@ pub struct Gate {
     callback: Option<Arc<dyn ApprovalCallback>>,
     events: broadcast::Sender<Event>,
     audit: Option<AuditSink>,
+    /// Session workspaces; without them a profile with a workspace refuses every call.
+    sessions: Option<Arc<Sessions>>,
 }
 
 /// The version of `tool` under `policy` (see [`tool_version`]); none when it is gone.
@@ -190,7 +179,19 @@ impl Gate {
             callback: None,
             events: broadcast::channel(1024).0,
             audit: None,
+            sessions: None,
         }
+    }
+
+    /// Serves session workspaces from `sessions`.
+    pub fn with_sessions(mut self, sessions: Arc<Sessions>) -> Self {
+        self.sessions = Some(sessions);
+        self
+    }
+
+    /// The session workspaces, when served.
+    pub fn sessions(&self) -> Option<&Arc<Sessions>> {
+        self.sessions.as_ref()
     }
 
     /// Uses `clock` for approvals and rate limits.
@@ -597,6 +598,18 @@ impl Gate {
                 ),
             );
         };
+        // A profile with a workspace runs in the named session's (on the cold path).
+        let in_session = match &self.sessions {
+            Some(sessions) => {
+                sessions.enter(&prepared.policy.sessions, opts.session.as_deref(), profile)
+            }
+            None => crate::session::without_sessions(profile),
+        };
+        let in_session = match in_session {
+            Ok(in_session) => in_session,
+            Err(error) => return rejected(call, *error),
+        };
+        let profile = in_session.as_ref().map_or(profile, |s| &s.profile);
         let max_attempts = tool.tool.retries.saturating_add(1);
         let mut attempts = 0;
         let started = std::time::Instant::now();
@@ -622,6 +635,9 @@ impl Gate {
             )
             .await;
             result.attempts = attempts;
+            if let Some(in_session) = &in_session {
+                in_session.finish(&mut result);
+            }
             crate::call::check_output(tool, &mut result);
             match &result.error {
                 Some(error) if error.is_retryable() && attempts < max_attempts => {

@@ -47,13 +47,17 @@ impl Supervisor {
             cancel,
         };
 
-        // Pooled workers have /dev/null stdio, so only captured runs can use them.
-        let key = self.pool_keys.of(&profile);
-        let pooled = if run.inherit_stdio.is_none() {
-            self.pool.take(&key)
+        // Pooled workers have /dev/null stdio, so only captured runs can use them; and they
+        // are confined before a call names its session, so no call with a workspace can.
+        let poolable = run.inherit_stdio.is_none() && profile.workspace.is_none();
+        // Not even looked up otherwise: a session's profiles would crowd the pooled ones
+        // out of the bounded key cache.
+        let key = if poolable {
+            self.pool_keys.of(&profile)
         } else {
-            None
+            String::new()
         };
+        let pooled = if poolable { self.pool.take(&key) } else { None };
         // Replenish once this call has answered (however it ends).
         let _replenish = pooled.is_some().then(|| ReplenishOnDrop {
             pool: &self.pool,
@@ -62,7 +66,7 @@ impl Supervisor {
         let worker = match pooled {
             Some(worker) => Ok(worker),
             None => {
-                if run.inherit_stdio.is_none() {
+                if poolable {
                     self.pool.note_miss();
                     self.grow_pool(&key);
                 }

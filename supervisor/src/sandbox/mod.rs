@@ -127,6 +127,8 @@ pub struct Supervisor {
     egress_resolver: Arc<dyn Resolve>,
     egress_limits: EgressLimits,
     stop_grace: std::time::Duration,
+    /// The host uid and gid the sandbox's root maps to.
+    sandbox_ids: (u32, u32),
 }
 
 /// Counts a call as active until dropped (however the call ends).
@@ -195,6 +197,7 @@ impl Supervisor {
         // worker checks it again for itself and refuses a shared namespace without it.
         let share_network = options.network_namespaces == NetworkNamespaces::SharedWhenSafe
             && sys::landlock_abi_version().is_ok_and(|abi| abi >= 6);
+        let sandbox_ids = (mapping.host_uid, mapping.host_gid);
         let spawner = Spawner::start(image, mapping, extra_args, share_network)?;
         let cgroups = match options.cgroup_parent {
             Some(parent) => Ok(parent),
@@ -224,7 +227,13 @@ impl Supervisor {
                 .unwrap_or_else(|| Arc::new(SystemResolver)),
             egress_limits: options.egress_limits,
             stop_grace: options.stop_grace.unwrap_or(DEFAULT_STOP_GRACE),
+            sandbox_ids,
         })
+    }
+
+    /// The host uid and gid the sandbox's root maps to (what owns a session's files).
+    pub fn sandbox_ids(&self) -> (u32, u32) {
+        self.sandbox_ids
     }
 
     /// Cancels every running call, refuses new ones, and returns once every worker is

@@ -42,6 +42,11 @@ impl SetupFrames {
         profile: &Arc<CompiledProfile>,
         network: WorkerNetwork,
     ) -> Result<Arc<[u8]>, airlock_protocol::FrameError> {
+        // A session's profile (with its workspace) serves one session's cold calls: encoded
+        // each time rather than crowding the pooled profiles out of this bounded cache.
+        if profile.workspace.is_some() {
+            return encode_setup(spec_for(profile, network));
+        }
         let mut known = self
             .0
             .lock()

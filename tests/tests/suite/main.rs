@@ -34,3 +34,4 @@ mod soak;
 mod source_layout;
 mod suite_rules;
 mod tool_contract;
+mod workspace;

@@ -28,8 +28,12 @@ from .errors import (
     ProtocolError,
     ProtocolMismatch,
     RequestError,
+    SandboxUnavailable,
+    SessionLimit,
+    SessionUnknown,
     TransportError,
     UnknownTool,
+    WorkspaceFull,
 )
 from .types import (
     Approval,
@@ -82,7 +86,10 @@ __all__ = [
     "ProtocolMismatch",
     "RequestError",
     "RequestTooLarge",
+    "SandboxUnavailable",
     "Session",
+    "SessionLimit",
+    "SessionUnknown",
     "SideEffect",
     "StateChange",
     "Stats",
@@ -93,4 +100,5 @@ __all__ = [
     "UnknownTool",
     "Usage",
     "Violation",
+    "WorkspaceFull",
 ]

@@ -12,7 +12,8 @@ daemon — are never raised: they come back as a :class:`~airlock_client.CallRes
 - :class:`RequestError`: the daemon refused the request itself — ``invalid_request``
   (a bug in the client or a field it does not know), ``forbidden`` (this peer may not
   connect, or may not approve), ``unknown_tool`` (``set_state`` of no such tool),
-  ``overloaded`` (a connection beyond the daemon's limits).
+  ``overloaded`` (a connection beyond the daemon's limits), and the session ops' refusals
+  ``workspace_full``, ``session_unknown``, ``session_limit``, ``sandbox_unavailable``.
 """
 
 from __future__ import annotations
@@ -108,9 +109,29 @@ class Overloaded(RequestError):
     unfinished requests); the daemon closes the connection after saying it."""
 
 
+class WorkspaceFull(RequestError):
+    """``workspace_full``: the session's workspace has no room for the file."""
+
+
+class SessionUnknown(RequestError):
+    """``session_unknown``: no open session has this id (never opened, closed, expired)."""
+
+
+class SessionLimit(RequestError):
+    """``session_limit``: as many sessions are open as the policy allows."""
+
+
+class SandboxUnavailable(RequestError):
+    """``sandbox_unavailable``: the daemon's session storage failed."""
+
+
 _REFUSALS: dict[str, type[RequestError]] = {
     "invalid_request": InvalidRequest,
     "forbidden": Forbidden,
     "unknown_tool": UnknownTool,
     "overloaded": Overloaded,
+    "workspace_full": WorkspaceFull,
+    "session_unknown": SessionUnknown,
+    "session_limit": SessionLimit,
+    "sandbox_unavailable": SandboxUnavailable,
 }

@@ -35,6 +35,9 @@ ErrorKind = Literal[
     "cancelled",
     "overloaded",
     "rate_limited",
+    "workspace_full",
+    "session_unknown",
+    "session_limit",
 ]
 """Why a call did not succeed (``error.kind`` of a result record)."""
 
@@ -470,6 +473,7 @@ class Stats:
     warm_pools: int
     max_concurrent: int
     max_queued: int
+    sessions_open: int
 
     @classmethod
     def from_json(cls, value: Any) -> Stats:

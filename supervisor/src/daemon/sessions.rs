@@ -1,0 +1,106 @@
+//! The session ops: `session_open`, `put_file`, `get_file`, `changes`, `session_close`.
+//! Their file work runs on the blocking pool, never on the connection's task.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::base64;
+use super::wire::{
+    GetFileRequest, Op, PutFileRequest, SessionOpenRequest, SessionRequest, SizeField, error_body,
+};
+use crate::gate::Gate;
+use crate::session::{SessionError, Sessions};
+
+/// How often the daemon closes idle sessions besides the sweep every session op makes.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Closes idle sessions on a timer until aborted; none when the gate serves no sessions.
+pub(super) fn keep_sweeping(gate: &Arc<Gate>) -> Option<tokio::task::JoinHandle<()>> {
+    gate.sessions()?;
+    let gate = Arc::clone(gate);
+    Some(tokio::spawn(async move {
+        let mut every = tokio::time::interval(SWEEP_EVERY);
+        loop {
+            every.tick().await;
+            let gate = Arc::clone(&gate);
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Some(sessions) = gate.sessions() {
+                    sessions.sweep(&gate.policy().sessions);
+                }
+            })
+            .await;
+        }
+    }))
+}
+
+/// Answers one session op (the `result` or `error` body).
+pub(super) async fn answer(gate: &Arc<Gate>, op: Op) -> Value {
+    let gate = Arc::clone(gate);
+    tokio::task::spawn_blocking(move || match gate.sessions() {
+        Some(sessions) => run(&gate, sessions, op),
+        None => error_body(
+            "sandbox_unavailable",
+            "this daemon serves no sessions (its state directory could not be made)",
+        ),
+    })
+    .await
+    .unwrap_or_else(|_| error_body("sandbox_unavailable", "the session op failed"))
+}
+
+fn run(gate: &Gate, sessions: &Sessions, op: Op) -> Value {
+    let policy = gate.policy();
+    let bounds = &policy.sessions;
+    let outcome = match op {
+        Op::SessionOpen(SessionOpenRequest { base, size }) => {
+            let size = match size {
+                None => None,
+                Some(SizeField::Bytes(bytes)) => Some(bytes),
+                Some(SizeField::Text(text)) => match airlock_policy::units::parse_size(&text) {
+                    Ok(bytes) => Some(bytes),
+                    Err(e) => {
+                        return error_body("invalid_request", format!("session_open: size: {e}"));
+                    }
+                },
+            };
+            // A session opened without a size gets the largest any profile asks for.
+            let default = policy
+                .profiles
+                .values()
+                .filter_map(|p| p.workspace.as_ref().map(|w| w.size_bytes))
+                .max()
+                .unwrap_or(airlock_policy::validate::DEFAULT_WORKSPACE_BYTES);
+            sessions
+                .open(bounds, base.as_deref(), size, default)
+                .map(|opened| json!(opened))
+        }
+        Op::PutFile(PutFileRequest {
+            session,
+            path,
+            content_base64,
+        }) => match base64::decode(&content_base64) {
+            None => Err(SessionError::Invalid {
+                op: "put_file",
+                reason: "content_base64 is not padded standard base64".into(),
+            }),
+            Some(content) => sessions
+                .put_file(bounds, &session, &path, &content)
+                .map(|()| json!({"size": content.len()})),
+        },
+        Op::GetFile(GetFileRequest { session, path }) => sessions
+            .get_file(bounds, &session, &path)
+            .map(|bytes| json!({"content_base64": base64::encode(&bytes), "size": bytes.len()})),
+        Op::Changes(SessionRequest { session }) => sessions
+            .changes(bounds, &session)
+            .map(|changes| json!({"changes": changes})),
+        Op::SessionClose(SessionRequest { session }) => {
+            sessions.close(&session).map(|()| json!({"closed": true}))
+        }
+        _ => return error_body("invalid_request", "not a session op"),
+    };
+    match outcome {
+        Ok(result) => json!({"result": result}),
+        Err(error) => error_body(error.kind(), error.to_string()),
+    }
+}

@@ -1,0 +1,629 @@
+//! Session workspaces: one set of files an agent works on across many calls.
+//!
+//! A session is opened (optionally from a copy of a host `base` directory under one of
+//! the policy's `[sessions] bases`), filled and read through `put_file`/`get_file`,
+//! compared with its base by `changes`, and closed; every call naming it whose profile
+//! has a `workspace` sees its files there, read-write, and nothing of any other session.
+//! Its id is a capability: 128 bits from the OS random source, never derived from
+//! anything a client or a tool can see (its directory has a name of its own).
+//!
+//! Such calls take the cold path: pooled workers are confined before a call says which
+//! session it belongs to, and a mount cannot be added to a confined worker. A session's
+//! profile is built once per (session, profile) and reused by its calls.
+
+mod changes;
+mod storage;
+mod tree;
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use airlock_policy::CompiledProfile;
+use airlock_policy::validate::SessionPolicy;
+use serde::Serialize;
+
+pub use changes::{Change, ChangeKind};
+use storage::{StateDir, Storage};
+
+use crate::clock::Clock;
+use crate::result::{ErrorKind, ToolError, ToolResult};
+
+/// Largest file `get_file` returns, bytes (its answer carries it in base64).
+pub const MAX_GET_BYTES: u64 = 1 << 20;
+
+/// Why a session operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// No open session has this id (never opened, closed, or expired).
+    #[error("{op}: no open session has this id")]
+    Unknown {
+        /// The operation.
+        op: &'static str,
+    },
+    /// `max_sessions` are open.
+    #[error("session_open: {max} sessions are open, the policy's max_sessions")]
+    Limit {
+        /// The policy's bound.
+        max: usize,
+    },
+    /// The workspace is at its size or inode limit.
+    #[error("{op}: the workspace is at its size or inode limit")]
+    Full {
+        /// The operation.
+        op: &'static str,
+    },
+    /// A bad argument: a path, a base, a size; or a file that cannot be read as one.
+    #[error("{op}: {reason}")]
+    Invalid {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The storage failed.
+    #[error("{op}: {source}")]
+    Storage {
+        /// The operation.
+        op: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SessionError {
+    /// The error kind a client sees.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SessionError::Unknown { .. } => "session_unknown",
+            SessionError::Limit { .. } => "session_limit",
+            SessionError::Full { .. } => "workspace_full",
+            SessionError::Invalid { .. } => "invalid_request",
+            SessionError::Storage { .. } => "sandbox_unavailable",
+        }
+    }
+
+    fn invalid(op: &'static str, reason: impl Into<String>) -> Self {
+        SessionError::Invalid {
+            op,
+            reason: reason.into(),
+        }
+    }
+
+    fn storage(op: &'static str) -> impl FnOnce(io::Error) -> Self {
+        move |source| SessionError::Storage { op, source }
+    }
+
+    fn written(op: &'static str) -> impl FnOnce(tree::WriteError) -> Self {
+        move |error| match error {
+            tree::WriteError::Full => SessionError::Full { op },
+            tree::WriteError::Refused(reason) => SessionError::invalid(op, reason),
+            tree::WriteError::Io(source) => SessionError::Storage { op, source },
+        }
+    }
+}
+
+/// What `session_open` answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Opened {
+    /// The session's id: the capability every later operation names.
+    pub session: String,
+    /// When it expires unless used before, milliseconds since the Unix epoch.
+    pub expires_at: u64,
+    /// `copy`: the base was copied into it; `empty`: it started empty (no base).
+    pub isolation: &'static str,
+    /// Its size limit, bytes.
+    pub size: u64,
+}
+
+/// The open sessions of one supervisor.
+#[derive(Debug)]
+pub struct Sessions {
+    state: StateDir,
+    clock: Arc<dyn Clock>,
+    open: Mutex<HashMap<String, Arc<Session>>>,
+    /// Closed sessions whose files could not all be removed yet (a call still writing in
+    /// an unprivileged workspace): every sweep tries again.
+    leftovers: Mutex<Vec<Arc<Session>>>,
+}
+
+#[derive(Debug)]
+struct Session {
+    storage: Storage,
+    /// The host directory it was copied from (canonical).
+    base: Option<Base>,
+    inodes: u64,
+    state: Mutex<SessionState>,
+}
+
+#[derive(Debug)]
+struct SessionState {
+    last_used: SystemTime,
+    /// Calls running in it: it does not expire under them.
+    calls: usize,
+    /// Each policy profile with this session's workspace added.
+    profiles: Vec<(Arc<CompiledProfile>, Arc<CompiledProfile>)>,
+}
+
+fn millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl Sessions {
+    /// Sessions kept under `state_dir` (made 0700, or as root 0710 for the sandbox's
+    /// group; whatever an earlier run left in it is removed). `sandbox_ids` are the host
+    /// uid and gid the sandbox's root maps to ([`crate::Supervisor::sandbox_ids`]).
+    pub fn new(
+        state_dir: &Path,
+        sandbox_ids: (u32, u32),
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, SessionError> {
+        let state = StateDir::prepare(state_dir, sandbox_ids)
+            .map_err(SessionError::storage("prepare the state directory"))?;
+        Ok(Self {
+            state,
+            clock,
+            open: Mutex::new(HashMap::new()),
+            leftovers: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sessions open now.
+    pub fn count(&self) -> usize {
+        self.table().len()
+    }
+
+    /// Opens a session of `size` bytes (default: the largest profile's `workspace_size`,
+    /// passed as `default_size`), from a copy of `base` when given.
+    pub fn open(
+        &self,
+        policy: &SessionPolicy,
+        base: Option<&str>,
+        size: Option<u64>,
+        default_size: u64,
+    ) -> Result<Opened, SessionError> {
+        const OP: &str = "session_open";
+        self.sweep(policy);
+        let size = size.unwrap_or(default_size.min(policy.max_size_bytes));
+        if size < 4096 || size > policy.max_size_bytes {
+            return Err(SessionError::invalid(
+                OP,
+                format!(
+                    "size must be between 4KiB and the policy's max_size of {}",
+                    airlock_policy::units::format_size(policy.max_size_bytes)
+                ),
+            ));
+        }
+        let base = base.map(|b| allowed_base(policy, b)).transpose()?;
+        let Some(id) = crate::approvals::random_id() else {
+            return Err(SessionError::Storage {
+                op: OP,
+                source: io::Error::other("the OS random source is unavailable"),
+            });
+        };
+        let Some(name) = crate::approvals::random_id() else {
+            return Err(SessionError::Storage {
+                op: OP,
+                source: io::Error::other("the OS random source is unavailable"),
+            });
+        };
+        // Counted in the table before the (slow) copy, so concurrent opens cannot pass
+        // the limit together; the entry becomes usable once the copy is done.
+        {
+            let table = self.table();
+            if table.len() >= policy.max_sessions {
+                return Err(SessionError::Limit {
+                    max: policy.max_sessions,
+                });
+            }
+        }
+        let storage = self
+            .state
+            .create(&name, size, policy.max_inodes)
+            .map_err(SessionError::storage(OP))?;
+        if let Some(base) = &base
+            && let Err(error) = self.copy_base(&storage, base, policy, size)
+        {
+            let _ = storage.remove();
+            return Err(error);
+        }
+        let now = self.clock.now();
+        let session = Arc::new(Session {
+            storage,
+            base,
+            inodes: policy.max_inodes,
+            state: Mutex::new(SessionState {
+                last_used: now,
+                calls: 0,
+                profiles: Vec::new(),
+            }),
+        });
+        let isolation = if session.base.is_some() {
+            "copy"
+        } else {
+            "empty"
+        };
+        {
+            let mut table = self.table();
+            if table.len() >= policy.max_sessions {
+                drop(table);
+                let _ = session.storage.remove();
+                return Err(SessionError::Limit {
+                    max: policy.max_sessions,
+                });
+            }
+            table.insert(id.clone(), session);
+        }
+        tracing::info!(isolation, size, "session opened");
+        Ok(Opened {
+            session: id,
+            expires_at: millis(now + policy.idle_timeout),
+            isolation,
+            size,
+        })
+    }
+
+    fn copy_base(
+        &self,
+        storage: &Storage,
+        base: &Base,
+        policy: &SessionPolicy,
+        size: u64,
+    ) -> Result<(), SessionError> {
+        const OP: &str = "session_open";
+        let base_fd = base.open().map_err(SessionError::storage(OP))?;
+        let root = tree::open_root(&storage.path).map_err(SessionError::storage(OP))?;
+        changes::copy_base(
+            base_fd.as_fd(),
+            root.as_fd(),
+            self.state.owner,
+            policy.max_inodes,
+            size,
+        )
+        .map_err(|e| match e {
+            changes::CopyError::Workspace(tree::WriteError::Full) => SessionError::Full { op: OP },
+            other => SessionError::invalid(OP, other.to_string()),
+        })?;
+        if storage.usage().map_err(SessionError::storage(OP))?.bytes > size {
+            return Err(SessionError::Full { op: OP });
+        }
+        Ok(())
+    }
+
+    /// The session `id`, marked as used now.
+    fn get(
+        &self,
+        policy: &SessionPolicy,
+        op: &'static str,
+        id: &str,
+    ) -> Result<Arc<Session>, SessionError> {
+        self.sweep(policy);
+        let session = self
+            .table()
+            .get(id)
+            .cloned()
+            .ok_or(SessionError::Unknown { op })?;
+        session.touch(self.clock.now());
+        Ok(session)
+    }
+
+    /// Writes `content` to `path` (relative) in the session's workspace.
+    pub fn put_file(
+        &self,
+        policy: &SessionPolicy,
+        id: &str,
+        path: &str,
+        content: &[u8],
+    ) -> Result<(), SessionError> {
+        const OP: &str = "put_file";
+        tree::check_relative(path).map_err(|r| SessionError::invalid(OP, r))?;
+        let session = self.get(policy, OP, id)?;
+        let more = u64::try_from(content.len()).unwrap_or(u64::MAX);
+        if !session
+            .storage
+            .fits(more)
+            .map_err(SessionError::storage(OP))?
+        {
+            return Err(SessionError::Full { op: OP });
+        }
+        let root = tree::open_root(&session.storage.path).map_err(SessionError::storage(OP))?;
+        tree::write_file(root.as_fd(), path, content, 0o644, self.state.owner)
+            .map_err(SessionError::written(OP))
+    }
+
+    /// The content of the regular file `path` (relative) in the session's workspace.
+    pub fn get_file(
+        &self,
+        policy: &SessionPolicy,
+        id: &str,
+        path: &str,
+    ) -> Result<Vec<u8>, SessionError> {
+        const OP: &str = "get_file";
+        tree::check_relative(path).map_err(|r| SessionError::invalid(OP, r))?;
+        let session = self.get(policy, OP, id)?;
+        let root = tree::open_root(&session.storage.path).map_err(SessionError::storage(OP))?;
+        tree::read_file(root.as_fd(), path, MAX_GET_BYTES).map_err(|e| match e {
+            tree::ReadError::Io(source) => SessionError::Storage { op: OP, source },
+            other => SessionError::invalid(OP, other.to_string()),
+        })
+    }
+
+    /// What the workspace holds that its base does not (everything, without a base).
+    pub fn changes(&self, policy: &SessionPolicy, id: &str) -> Result<Vec<Change>, SessionError> {
+        const OP: &str = "changes";
+        let session = self.get(policy, OP, id)?;
+        let root = tree::open_root(&session.storage.path).map_err(SessionError::storage(OP))?;
+        let base = session
+            .base
+            .as_ref()
+            .map(Base::open)
+            .transpose()
+            .map_err(SessionError::storage(OP))?;
+        changes::changes(
+            root.as_fd(),
+            base.as_ref().map(AsFd::as_fd),
+            session.inodes.saturating_mul(2),
+        )
+        .map_err(SessionError::storage(OP))
+    }
+
+    /// Closes the session: its files, directory and mount are gone when this returns (a
+    /// call still running in it keeps its detached view until it ends).
+    pub fn close(&self, id: &str) -> Result<(), SessionError> {
+        const OP: &str = "session_close";
+        let session = self
+            .table()
+            .remove(id)
+            .ok_or(SessionError::Unknown { op: OP })?;
+        self.remove_storage(session);
+        Ok(())
+    }
+
+    /// Removes a closed session's files, or keeps it for the next sweep to try again.
+    fn remove_storage(&self, session: Arc<Session>) {
+        if let Err(error) = session.storage.remove() {
+            tracing::warn!(%error, "a closed session's files are not all removed yet; retrying at the next sweep");
+            self.leftovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(session);
+        }
+    }
+
+    /// Closes every session idle for the policy's `idle_timeout` with no call running;
+    /// returns how many. Every operation sweeps first; the daemon also sweeps on a timer.
+    pub fn sweep(&self, policy: &SessionPolicy) -> usize {
+        let leftovers: Vec<Arc<Session>> = std::mem::take(
+            &mut *self
+                .leftovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for session in leftovers {
+            self.remove_storage(session);
+        }
+        let now = self.clock.now();
+        let expired: Vec<Arc<Session>> = {
+            let mut table = self.table();
+            let ids: Vec<String> = table
+                .iter()
+                .filter(|(_, s)| s.expired(now, policy.idle_timeout))
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter().filter_map(|id| table.remove(id)).collect()
+        };
+        let count = expired.len();
+        if count > 0 {
+            tracing::info!(count, "sessions expired");
+        }
+        for session in expired {
+            self.remove_storage(session);
+        }
+        count
+    }
+
+    /// Closes every session (at shutdown).
+    pub fn close_all(&self) {
+        let mut all: Vec<Arc<Session>> = self.table().drain().map(|(_, s)| s).collect();
+        all.append(
+            &mut self
+                .leftovers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for session in all {
+            if let Err(error) = session.storage.remove() {
+                tracing::error!(%error, "a session's files are left for the next start to remove");
+            }
+        }
+    }
+
+    /// The profile a call runs under. A profile without a workspace is returned as it is
+    /// and the session is not looked at; one with a workspace needs an open session, and
+    /// gets that session's files at its workspace path.
+    pub fn enter(
+        &self,
+        policy: &SessionPolicy,
+        id: Option<&str>,
+        profile: &Arc<CompiledProfile>,
+    ) -> Result<Option<SessionCall>, Box<ToolError>> {
+        if profile.workspace.is_none() {
+            return Ok(None);
+        }
+        let unknown = || {
+            Box::new(ToolError::new(
+                ErrorKind::SessionUnknown,
+                "this tool works in a session workspace: name an open session",
+            ))
+        };
+        let id = id.ok_or_else(unknown)?;
+        let session = self.get(policy, "call", id).map_err(|_| unknown())?;
+        let profile = {
+            let mut state = session.state();
+            state.calls += 1;
+            let known = state
+                .profiles
+                .iter()
+                .find(|(p, _)| Arc::ptr_eq(p, profile))
+                .map(|(_, with)| Arc::clone(with));
+            known.unwrap_or_else(|| {
+                let source = session.storage.path.to_string_lossy();
+                let with = Arc::new(airlock_policy::compile::with_workspace(profile, &source));
+                // Bounded by the policy's profiles; a reloaded policy brings new ones.
+                state.profiles.retain(|(p, _)| Arc::strong_count(p) > 1);
+                state
+                    .profiles
+                    .push((Arc::clone(profile), Arc::clone(&with)));
+                with
+            })
+        };
+        Ok(Some(SessionCall {
+            session,
+            profile,
+            clock: Arc::clone(&self.clock),
+        }))
+    }
+}
+
+/// A gate serving no sessions: a call of a profile with a workspace is refused.
+pub fn without_sessions(profile: &CompiledProfile) -> Result<Option<SessionCall>, Box<ToolError>> {
+    match profile.workspace {
+        None => Ok(None),
+        Some(_) => Err(Box::new(ToolError::new(
+            ErrorKind::SessionUnknown,
+            "this tool works in a session workspace, and this gate serves no sessions",
+        ))),
+    }
+}
+
+/// A session's base: a directory beneath one of the policy's bases, opened from that
+/// base's root on every use without following a symlink on the way (someone who can
+/// change the directories under a base cannot swap one for a link to elsewhere between
+/// the check and the copy).
+#[derive(Debug)]
+struct Base {
+    /// The policy's base, resolved when the session opened.
+    root: PathBuf,
+    /// The client's base relative to it (`.` for the base itself).
+    rel: String,
+}
+
+impl Base {
+    fn open(&self) -> io::Result<std::os::fd::OwnedFd> {
+        let root = tree::open_root(&self.root)?;
+        tree::open_beneath(
+            root.as_fd(),
+            &self.rel,
+            nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_RDONLY,
+            nix::sys::stat::Mode::empty(),
+        )
+        .map_err(io::Error::from)
+    }
+}
+
+/// Resolves a client's base to a directory under one of the policy's bases.
+fn allowed_base(policy: &SessionPolicy, base: &str) -> Result<Base, SessionError> {
+    const OP: &str = "session_open";
+    if !base.starts_with('/') || base.contains('\0') || base.len() > tree::MAX_PATH_BYTES {
+        return Err(SessionError::invalid(
+            OP,
+            "base must be an absolute host path",
+        ));
+    }
+    let canonical = std::fs::canonicalize(base)
+        .map_err(|_| SessionError::invalid(OP, "base does not exist"))?;
+    let found = policy.bases.iter().find_map(|allowed| {
+        let allowed = std::fs::canonicalize(allowed).ok()?;
+        let rel = canonical.strip_prefix(&allowed).ok()?;
+        let rel = match rel.to_str()? {
+            "" => ".".to_string(),
+            rel => rel.to_string(),
+        };
+        Some(Base { root: allowed, rel })
+    });
+    let Some(found) = found else {
+        return Err(SessionError::invalid(
+            OP,
+            "base is not under any of the policy's [sessions] bases",
+        ));
+    };
+    if found.open().is_err() {
+        return Err(SessionError::invalid(
+            OP,
+            "base is not a directory reachable without symlinks",
+        ));
+    }
+    Ok(found)
+}
+
+impl Session {
+    fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn touch(&self, now: SystemTime) {
+        let mut state = self.state();
+        state.last_used = state.last_used.max(now);
+    }
+
+    fn expired(&self, now: SystemTime, idle: Duration) -> bool {
+        let state = self.state();
+        state.calls == 0 && now.duration_since(state.last_used).is_ok_and(|d| d >= idle)
+    }
+}
+
+/// A call running in a session: the session does not expire while it lives.
+#[derive(Debug)]
+pub struct SessionCall {
+    session: Arc<Session>,
+    /// The call's profile, with the session's workspace.
+    pub profile: Arc<CompiledProfile>,
+    clock: Arc<dyn Clock>,
+}
+
+impl SessionCall {
+    /// Makes a call that ran out of room in the workspace a typed `workspace_full`.
+    pub fn finish(&self, result: &mut ToolResult) {
+        // Only a tool's own failure (or success) is explained by a full workspace: a
+        // timeout, a kill or a refusal keeps its kind.
+        let tool_outcome = result.ok
+            || result
+                .error
+                .as_ref()
+                .is_some_and(|e| e.kind == ErrorKind::ToolFailed);
+        if !tool_outcome {
+            return;
+        }
+        let Ok(usage) = self.session.storage.usage() else {
+            return;
+        };
+        let over = usage.full && !result.ok
+            || usage.inodes > self.session.inodes
+            || usage.bytes > self.session.storage.size();
+        if over {
+            result.ok = false;
+            result.error = Some(ToolError::new(
+                ErrorKind::WorkspaceFull,
+                "the session's workspace is at its size or inode limit",
+            ));
+        }
+    }
+}
+
+impl Drop for SessionCall {
+    fn drop(&mut self) {
+        let now = self.clock.now();
+        let mut state = self.session.state();
+        state.calls = state.calls.saturating_sub(1);
+        state.last_used = state.last_used.max(now);
+    }
+}

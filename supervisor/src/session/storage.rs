@@ -1,0 +1,265 @@
+//! Where sessions keep their files: one directory per session under a state directory
+//! only the supervisor (and, as root, the sandbox's group, to reach its own) can enter.
+//!
+//! As root each session's directory is a tmpfs of its own, mounted nosuid and nodev with
+//! `size=` and `nr_inodes=`, owned by the uid the sandbox's root maps to: a tool that
+//! fills it gets ENOSPC from the kernel, and nothing in it can be a hard link to a file
+//! anywhere else. Unprivileged, it is a plain directory: its size and inodes are counted
+//! by walking it (before each `put_file`, after each call), so a tool can overshoot the
+//! limit within one call, and the overshoot is reported as `workspace_full`; directories
+//! a tool made unreadable get their owner's `rwx` back so that they can be counted.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::mount::{MntFlags, MsFlags};
+use nix::sys::stat::Mode;
+
+use super::tree::{self, Kind, open_beneath, open_root};
+
+/// The state directory of a supervisor's sessions.
+#[derive(Debug)]
+pub(super) struct StateDir {
+    root: PathBuf,
+    /// The sandbox's host uid and gid, when we are root and files we make must be its.
+    pub(super) owner: Option<(u32, u32)>,
+}
+
+/// How much of its limits a workspace uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Usage {
+    pub(super) bytes: u64,
+    pub(super) inodes: u64,
+    /// At (or, unprivileged, over) its size or inode limit.
+    pub(super) full: bool,
+}
+
+impl StateDir {
+    /// Makes (or takes over) `root` and removes every session a previous run left in it.
+    /// `sandbox_ids` are the host uid and gid the sandbox's root maps to.
+    pub(super) fn prepare(root: &Path, sandbox_ids: (u32, u32)) -> io::Result<Self> {
+        let privileged = nix::unistd::geteuid().is_root();
+        if let Some(parent) = root.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        match std::fs::create_dir(root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        // Ours and a directory, not a symlink someone put there.
+        let meta = std::fs::symlink_metadata(root)?;
+        if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+            return Err(io::Error::other(format!(
+                "{} is not a directory of ours",
+                root.display()
+            )));
+        }
+        let owner = privileged.then_some(sandbox_ids);
+        if let Some((_, gid)) = owner {
+            // The sandbox's group may pass through (not list) to reach its own session,
+            // whose name it cannot guess; everyone else is kept out.
+            nix::unistd::chown(root, None, Some(nix::unistd::Gid::from_raw(gid)))?;
+            std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o710))?;
+        } else {
+            std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
+        }
+        let state = Self {
+            root: root.to_path_buf(),
+            owner,
+        };
+        state.sweep_stale()?;
+        Ok(state)
+    }
+
+    /// Removes whatever is in the state directory: sessions of a supervisor that died.
+    fn sweep_stale(&self) -> io::Result<()> {
+        for entry in std::fs::read_dir(&self.root)? {
+            let path = entry?.path();
+            remove(&path, self.owner.is_some())?;
+            tracing::info!(path = %path.display(), "removed a stale session");
+        }
+        Ok(())
+    }
+
+    /// A fresh session directory named `name`, limited to `size` bytes and `inodes`.
+    pub(super) fn create(&self, name: &str, size: u64, inodes: u64) -> io::Result<Storage> {
+        let path = self.root.join(name);
+        std::fs::create_dir(&path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
+        let storage = Storage {
+            path,
+            mounted: self.owner.is_some(),
+            size,
+            inodes,
+        };
+        if let Some((uid, gid)) = self.owner {
+            let data = format!("size={size},nr_inodes={inodes},mode=0700,uid={uid},gid={gid}");
+            let mounted = nix::mount::mount(
+                Some("airlock-session"),
+                &storage.path,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(data.as_str()),
+            );
+            if let Err(e) = mounted {
+                let _ = std::fs::remove_dir(&storage.path);
+                return Err(io::Error::from(e));
+            }
+        }
+        Ok(storage)
+    }
+}
+
+/// One session's directory.
+#[derive(Debug)]
+pub(super) struct Storage {
+    pub(super) path: PathBuf,
+    mounted: bool,
+    size: u64,
+    inodes: u64,
+}
+
+impl Storage {
+    /// Its size limit, bytes.
+    pub(super) fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// What the workspace holds against its limits.
+    pub(super) fn usage(&self) -> io::Result<Usage> {
+        if self.mounted {
+            let stat = nix::sys::statvfs::statvfs(&self.path)?;
+            let block = stat.fragment_size();
+            let bytes = stat.blocks().saturating_sub(stat.blocks_free()) * block;
+            let inodes = stat.files().saturating_sub(stat.files_free());
+            return Ok(Usage {
+                bytes,
+                inodes,
+                full: stat.blocks_available() == 0 || stat.files_available() == 0,
+            });
+        }
+        // The workspace's root too: a tool there may chmod it (it is the bind's root).
+        if let Ok(meta) = std::fs::symlink_metadata(&self.path)
+            && meta.mode() & 0o700 != 0o700
+        {
+            let mode = (meta.mode() & 0o7777) | 0o700;
+            std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(mode))?;
+        }
+        let root = open_root(&self.path)?;
+        // A tool may have made directories unreadable to us (the same uid, without root's
+        // override); what cannot be counted cannot be bounded, so their owner (us) gets
+        // back into them.
+        let _ = open_up(root.as_fd(), 0);
+        // One entry past the limit is enough to know it is over.
+        let entries = match tree::walk(root.as_fd(), self.inodes) {
+            Ok(entries) => entries,
+            Err(_) => {
+                return Ok(Usage {
+                    bytes: self.size,
+                    inodes: self.inodes.saturating_add(1),
+                    full: true,
+                });
+            }
+        };
+        let bytes: u64 = entries
+            .iter()
+            .filter(|e| e.kind != Kind::Dir)
+            .map(|e| e.size)
+            .sum();
+        let inodes = u64::try_from(entries.len()).unwrap_or(u64::MAX);
+        Ok(Usage {
+            bytes,
+            inodes,
+            full: bytes >= self.size || inodes >= self.inodes,
+        })
+    }
+
+    /// Whether `more` bytes (in one new file) still fit; always true where the kernel
+    /// enforces the limit itself.
+    pub(super) fn fits(&self, more: u64) -> io::Result<bool> {
+        if self.mounted {
+            return Ok(true);
+        }
+        let usage = self.usage()?;
+        Ok(usage.bytes.saturating_add(more) <= self.size && usage.inodes < self.inodes)
+    }
+
+    /// Unmounts and removes the directory and everything in it.
+    pub(super) fn remove(&self) -> io::Result<()> {
+        remove(&self.path, self.mounted)
+    }
+}
+
+/// Removes a session directory: its tmpfs detached first (a call still running keeps its
+/// own view until it ends), then whatever is left.
+fn remove(path: &Path, privileged: bool) -> io::Result<()> {
+    if privileged {
+        match nix::mount::umount2(path, MntFlags::MNT_DETACH) {
+            // EINVAL: not a mount point (a stale directory whose mount is already gone).
+            Ok(()) | Err(nix::errno::Errno::EINVAL) => {}
+            Err(e) => return Err(io::Error::from(e)),
+        }
+    } else if let Ok(root) = {
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
+        open_root(path)
+    } {
+        // A tool may have left directories we (the same uid, without root's override)
+        // cannot list or empty.
+        let _ = open_up(root.as_fd(), 0);
+    }
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Makes every directory beneath `dir` ours to list and empty (owner `rwx` added, the
+/// rest of its mode kept), without following a symlink: each is opened `O_PATH` beneath
+/// its parent and changed through that descriptor, then entered.
+fn open_up(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
+    if depth > 128 {
+        return Ok(());
+    }
+    let listing = open_beneath(
+        dir,
+        ".",
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+        Mode::empty(),
+    )?;
+    let mut names = Vec::new();
+    for entry in nix::dir::Dir::from_fd(listing)?.iter().flatten() {
+        let name = entry.file_name().to_bytes();
+        if entry.file_type() == Some(nix::dir::Type::Directory) && name != b"." && name != b".." {
+            names.push(String::from_utf8_lossy(name).into_owned());
+        }
+    }
+    for name in names {
+        let Ok(handle) = open_beneath(
+            dir,
+            &name,
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        ) else {
+            continue;
+        };
+        // Only what the owner lacks is added: the mode a tool chose otherwise stays.
+        let mode = nix::sys::stat::fstat(&handle).map_or(0, |st| st.st_mode & 0o7777);
+        if mode & 0o700 != 0o700 {
+            let by_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&handle));
+            let _ = std::fs::set_permissions(by_fd, std::fs::Permissions::from_mode(mode | 0o700));
+        }
+        if let Ok(sub) = open_beneath(
+            dir,
+            &name,
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        ) {
+            let _ = open_up(sub.as_fd(), depth + 1);
+        }
+    }
+    Ok(())
+}
