@@ -16,7 +16,6 @@
 
 mod budget;
 
-mod base64;
 mod client;
 mod connection;
 mod dispatch;

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::base64;
 use super::wire::{
     GetFileRequest, Op, PutFileRequest, SessionOpenRequest, SessionRequest, SizeField, error_body,
 };
 use crate::gate::Gate;
 use crate::session::{SessionError, Sessions};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 
 /// How often the daemon closes idle sessions besides the sweep every session op makes.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -79,18 +80,18 @@ fn run(gate: &Gate, sessions: &Sessions, op: Op) -> Value {
             session,
             path,
             content_base64,
-        }) => match base64::decode(&content_base64) {
-            None => Err(SessionError::Invalid {
+        }) => match BASE64.decode(&content_base64) {
+            Err(_) => Err(SessionError::Invalid {
                 op: "put_file",
                 reason: "content_base64 is not padded standard base64".into(),
             }),
-            Some(content) => sessions
+            Ok(content) => sessions
                 .put_file(bounds, &session, &path, &content)
                 .map(|()| json!({"size": content.len()})),
         },
         Op::GetFile(GetFileRequest { session, path }) => sessions
             .get_file(bounds, &session, &path)
-            .map(|bytes| json!({"content_base64": base64::encode(&bytes), "size": bytes.len()})),
+            .map(|bytes| json!({"content_base64": BASE64.encode(&bytes), "size": bytes.len()})),
         Op::Changes(SessionRequest { session }) => sessions
             .changes(bounds, &session)
             .map(|changes| json!({"changes": changes})),
@@ -102,5 +103,23 @@ fn run(gate: &Gate, sessions: &Sessions, op: Op) -> Value {
     match outcome {
         Ok(result) => json!({"result": result}),
         Err(error) => error_body(error.kind(), error.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_contents_are_strict_padded_standard_base64() {
+        assert_eq!(BASE64.encode(b"foobar"), "Zm9vYmFy");
+        assert_eq!(BASE64.encode(b"fo"), "Zm8=");
+        let all: Vec<u8> = (0..=255).collect();
+        assert_eq!(BASE64.decode(BASE64.encode(&all)).ok(), Some(all));
+        for bad in [
+            "Zm8", "Zm8==", "Z===", "Zm=8", "Zm8=Zm8=", "Zm9!", "Zm9=", "Zg=\n",
+        ] {
+            assert!(BASE64.decode(bad).is_err(), "{bad:?}");
+        }
     }
 }
