@@ -16,11 +16,15 @@ use airlock_policy::{
     CompiledPolicy, CompiledProfile, Diagnostic, LoadedPolicy, PolicyError, Severity,
     load_policy_file, load_policy_str, presets, units,
 };
-use clap::{Parser, Subcommand};
 
+use args::{Command, LogFormat};
+
+mod args;
 mod bench;
 mod doctor;
 mod explain;
+mod input;
+mod manual;
 mod mcp;
 mod reload;
 mod selftest;
@@ -58,218 +62,6 @@ fn group_of(text: &str) -> anyhow::Result<u32> {
         Ok(None) => anyhow::bail!("--socket-group: no group named {text:?}"),
         Err(e) => anyhow::bail!("--socket-group: cannot look up {text:?}: {e}"),
     }
-}
-
-/// What `airlock serve` holds for its clients, at most, summed over all of them.
-#[derive(Debug, clap::Args)]
-struct ClientLimits {
-    /// Client connections open at once; more are answered `overloaded` and closed.
-    #[arg(long, default_value_t = 128)]
-    max_connections: usize,
-    /// Bytes of unfinished request lines and of admitted calls' arguments.
-    #[arg(long, default_value = "16MiB")]
-    max_input: String,
-    /// Bytes of answers not yet taken by their clients.
-    #[arg(long, default_value = "16MiB")]
-    max_output: String,
-    /// A client that takes no bytes of its answers for this long is disconnected and its
-    /// calls cancelled.
-    #[arg(long, default_value = "10s")]
-    write_timeout: String,
-}
-
-impl ClientLimits {
-    fn apply(&self, config: &mut airlock::daemon::DaemonConfig) -> anyhow::Result<()> {
-        let size = |flag: &str, text: &str| {
-            units::parse_size(text)
-                .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
-                .and_then(|bytes| {
-                    usize::try_from(bytes).map_err(|_| anyhow::anyhow!("{flag}: too large"))
-                })
-        };
-        if self.max_connections == 0 {
-            anyhow::bail!("--max-connections: at least 1");
-        }
-        config.max_connections = self.max_connections;
-        config.max_input_bytes = size("--max-input", &self.max_input)?;
-        config.max_output_bytes = size("--max-output", &self.max_output)?;
-        config.write_timeout = units::parse_duration(&self.write_timeout)
-            .map_err(|e| anyhow::anyhow!("--write-timeout: {e}"))?;
-        Ok(())
-    }
-}
-
-/// airlock: a sandbox driver and supervisor for AI agents' tool calls.
-#[derive(Debug, Parser)]
-#[command(name = "airlock", version, about)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Validate policy files: exit 0 when valid (warnings on stderr), 1 with diagnostics.
-    Check {
-        /// Policy files to check.
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-        /// Print diagnostics as one JSON document on stdout.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Print the JSON Schema of the policy file format (for editors), or with --daemon
-    /// that of the daemon's requests and answers.
-    Schema {
-        /// The daemon protocol's schema instead of the policy file's.
-        #[arg(long)]
-        daemon: bool,
-    },
-    /// Run a command in a sandbox profile; stdio passes through, its exit code is ours.
-    ///
-    /// Exit codes: the command's own; 128+N if it died of signal N; 124 timeout; 125 sandbox
-    /// set-up failure or bad usage; 126 cannot execute; 127 not found; 120 out of memory;
-    /// 121 process limit; 122 seccomp violation; 123 protocol violation or cancelled.
-    Exec {
-        /// Policy file (default: the embedded default policy).
-        #[arg(long, conflicts_with = "preset")]
-        policy: Option<PathBuf>,
-        /// Embedded preset to use instead of a file.
-        #[arg(long)]
-        preset: Option<String>,
-        /// Profile name.
-        #[arg(long, default_value = "default")]
-        profile: String,
-        /// Override the profile's deadline (e.g. 10s).
-        #[arg(long)]
-        timeout: Option<String>,
-        /// Override the profile's memory limit (e.g. 128MiB).
-        #[arg(long)]
-        memory: Option<String>,
-        /// Capture output and print the result record as JSON.
-        #[arg(long)]
-        json: bool,
-        /// Host uid of the sandbox's root when running as root (default 65534).
-        #[arg(long)]
-        sandbox_uid: Option<u32>,
-        /// The command and its arguments.
-        #[arg(required = true, last = true)]
-        command: Vec<String>,
-    },
-    /// Run one tool call and print its result record; exit 0 iff ok.
-    Run {
-        /// Policy file (default: the embedded `examples` preset).
-        #[arg(long, conflicts_with = "preset")]
-        policy: Option<PathBuf>,
-        /// Embedded preset to use instead of a file.
-        #[arg(long)]
-        preset: Option<String>,
-        /// Tool name.
-        #[arg(long)]
-        tool: String,
-        /// Arguments as JSON text, or @FILE to read them from a file.
-        #[arg(long)]
-        input: String,
-        /// Call id echoed in the result (default: a random one).
-        #[arg(long)]
-        call_id: Option<String>,
-        /// Host uid of the sandbox's root when running as root (default 65534).
-        #[arg(long)]
-        sandbox_uid: Option<u32>,
-        /// Validate and decide, print what would run, execute nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Refuse every tool that is not read-only.
-        #[arg(long)]
-        plan_mode: bool,
-        /// Session id (rate limits, audit).
-        #[arg(long)]
-        session: Option<String>,
-        /// Append audit records (JSON lines) to this file; `-` for stderr.
-        #[arg(long)]
-        audit: Option<PathBuf>,
-    },
-    /// Serve the gate on a Unix socket (JSON lines, or bincode frames for Rust clients).
-    ///
-    /// SIGTERM/SIGINT: stop accepting, let in-flight calls finish within --grace, kill the
-    /// rest, remove the socket. SIGHUP: reload the policy file (an invalid one is refused
-    /// and the old one kept; unchanged profiles keep their pooled workers, the others'
-    /// are killed and new ones warmed).
-    Serve {
-        /// Policy file (reloaded on SIGHUP).
-        #[arg(long)]
-        policy: PathBuf,
-        /// Socket path (created with --socket-mode, default 0600).
-        #[arg(long)]
-        socket: PathBuf,
-        /// The socket's mode, octal: 0600 (only this uid reaches it) or 0660 (with
-        /// --socket-group, so an --allow-gid group can connect). Wider is refused.
-        #[arg(long, default_value = "0600")]
-        socket_mode: String,
-        /// The socket's group (a name or a gid).
-        #[arg(long)]
-        socket_group: Option<String>,
-        /// Append audit records (JSON lines) to this file; `-` for stderr.
-        #[arg(long)]
-        audit: Option<PathBuf>,
-        /// Also allow peers with this uid (our own uid is always allowed).
-        #[arg(long = "allow-uid")]
-        allow_uids: Vec<u32>,
-        /// Also allow peers with this gid.
-        #[arg(long = "allow-gid")]
-        allow_gids: Vec<u32>,
-        /// Only peers with this uid (or an --approver-gid) may execute and reject approvals
-        /// and set tools' states; without either, every allowed peer may.
-        #[arg(long = "approver-uid")]
-        approver_uids: Vec<u32>,
-        /// See --approver-uid.
-        #[arg(long = "approver-gid")]
-        approver_gids: Vec<u32>,
-        /// Calls running at once.
-        #[arg(long, default_value_t = 8)]
-        max_concurrent: usize,
-        /// Calls waiting for a slot before new ones get `overloaded`.
-        #[arg(long, default_value_t = 64)]
-        max_queued: usize,
-        /// Time in-flight calls get to finish after SIGTERM.
-        #[arg(long, default_value = "10s")]
-        grace: String,
-        #[command(flatten)]
-        limits: ClientLimits,
-        /// Host uid of the sandbox's root when running as root (default 65534).
-        #[arg(long)]
-        sandbox_uid: Option<u32>,
-        /// Pre-confined idle workers kept per profile at rest (0 with no --pool-max
-        /// disables the pool).
-        #[arg(long, default_value_t = 2)]
-        pool: usize,
-        /// The most idle workers a profile's pool grows to while calls find it empty
-        /// (default 4 × --pool); it halves back towards --pool after 10 s without one.
-        #[arg(long)]
-        pool_max: Option<usize>,
-    },
-    /// Serve the gate to one MCP client over stdin and stdout (JSON-RPC lines): the active
-    /// tools with the schemas the gate enforces, every call through the gate and a sandbox.
-    ///
-    /// SIGHUP reloads the policy (and announces a changed tool list); SIGTERM/SIGINT or the
-    /// end of stdin cancels the calls in flight and exits. See docs/mcp.md.
-    Mcp(mcp::McpArgs),
-    /// Measure start-up latency, throughput, kill latency and memory against a bare
-    /// fork+exec and bubblewrap, interleaved in one run.
-    Bench(bench::BenchArgs),
-    /// Print an embedded preset policy (`default`, `examples`).
-    Preset {
-        /// Preset name; omit to list them.
-        name: Option<String>,
-    },
-    /// Check the kernel features sandboxes need and run one in the default profile; exit 0
-    /// only if it works.
-    Doctor(doctor::DoctorArgs),
-    /// Explain the effective sandbox of a tool or profile in plain words.
-    Explain(explain::ExplainArgs),
-    /// Run the escape battery on this host with this build; exit 0 only if every attack is
-    /// stopped the expected way.
-    Selftest(selftest::SelftestArgs),
 }
 
 /// The outcome of checking one file, as `check --json` prints it.
@@ -318,9 +110,14 @@ fn check_file(path: &std::path::Path) -> FileReport {
 
 /// Writes to stdout; a closed pipe (`airlock schema | head`) is not an error worth a panic.
 fn write_stdout(text: &str) -> anyhow::Result<()> {
+    write_stdout_bytes(text.as_bytes())
+}
+
+/// [`write_stdout`] for bytes (completion scripts, man pages).
+fn write_stdout_bytes(bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+    match out.write_all(bytes).and_then(|()| out.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
         _ => Ok(()),
     }
@@ -516,11 +313,7 @@ fn run_tool(
     input: &str,
     flags: RunFlags,
 ) -> anyhow::Result<ExitCode> {
-    let arguments = match input.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read --input file {path}: {e}"))?,
-        None => input.to_string(),
-    };
+    let arguments = input::arguments(input)?;
     let call = ToolCall {
         call_id: flags.call_id.unwrap_or_else(random_call_id),
         tool,
@@ -660,6 +453,22 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Logs go to stderr, filtered by RUST_LOG (default: warnings only), as text or JSON lines.
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // No colour codes inside JSON strings, whatever stderr is.
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
+}
+
 fn main() -> ExitCode {
     // The worker entry hook: the sealed image of this binary is exec'd with this argument
     // inside fresh namespaces. It must run before anything starts a thread.
@@ -673,16 +482,11 @@ fn main() -> ExitCode {
         let code = airlock_battery::probe::main(&args[2..]);
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    // Logs go to stderr, filtered by RUST_LOG (default: warnings only).
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let cli = Cli::parse();
+    let cli = match args::parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    init_logs(cli.log_format);
     let result = match cli.command {
         Command::Check { files, json } => run_check(&files, json),
         Command::Exec {
@@ -799,6 +603,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run_bench(&args),
         Command::Explain(args) => Ok(explain::run_explain(&args)),
         Command::Selftest(args) => selftest::run_selftest(&args),
+        Command::Completions { shell } => manual::completions(shell),
+        Command::Man { subcommand } => manual::man_page(subcommand.as_deref()),
     };
     match result {
         Ok(code) => code,

@@ -19,13 +19,13 @@ use airlock_policy::presets;
 pub(crate) struct McpArgs {
     /// Policy file (reloaded on SIGHUP; a change of the active tools is announced with
     /// `notifications/tools/list_changed`).
-    #[arg(long)]
+    #[arg(long, env = "AIRLOCK_POLICY")]
     policy: PathBuf,
     /// Append audit records (JSON lines) to this file; `-` for stderr.
-    #[arg(long)]
+    #[arg(long, env = "AIRLOCK_AUDIT")]
     audit: Option<PathBuf>,
     /// Calls running at once.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, env = "AIRLOCK_MAX_CONCURRENT")]
     max_concurrent: usize,
     /// Calls waiting for a slot before new ones get an `overloaded` result.
     #[arg(long, default_value_t = 64)]
