@@ -14,6 +14,7 @@ mod abandon;
 mod builtins;
 mod cancel;
 mod cleanup;
+mod cli;
 mod daemon;
 mod daemon_hostile;
 mod egress;
