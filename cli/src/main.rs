@@ -586,6 +586,10 @@ fn main() -> ExitCode {
                 config.allow_gids = allow_gids;
                 config.approver_uids = approver_uids;
                 config.approver_gids = approver_gids;
+                if max_concurrent == 0 {
+                    // The daemon would run one at a time: say so rather than differ.
+                    anyhow::bail!("--max-concurrent (or AIRLOCK_MAX_CONCURRENT): at least 1");
+                }
                 config.max_concurrent = max_concurrent;
                 config.max_queued = max_queued;
                 config.grace = grace;

@@ -48,7 +48,7 @@ pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
         eprintln!("{warning}");
     }
     if args.max_concurrent == 0 {
-        anyhow::bail!("--max-concurrent: at least 1");
+        anyhow::bail!("--max-concurrent (or AIRLOCK_MAX_CONCURRENT): at least 1");
     }
     let pool = (args.pool > 0)
         .then(|| {

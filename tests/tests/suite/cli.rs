@@ -327,6 +327,24 @@ fn a_bad_value_from_the_environment_names_its_variable() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("AIRLOCK_MAX_CONCURRENT"), "{stderr}");
+    // Parsed, but out of range: refused before anything starts.
+    let out = Command::new(airlock_bin())
+        .args([
+            "serve",
+            "--policy",
+            "/nonexistent/p.toml",
+            "--socket",
+            "/nonexistent/s",
+        ])
+        .env("AIRLOCK_MAX_CONCURRENT", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("AIRLOCK_MAX_CONCURRENT): at least 1"),
+        "{stderr}"
+    );
 }
 
 #[test]
