@@ -399,7 +399,6 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
     let audit = open_audit(flags.audit.as_ref())?;
     let runtime = runtime()?;
     runtime.block_on(async move {
-        use tokio::signal::unix::{SignalKind, signal};
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
             sandbox_host_id: flags.sandbox_uid,
             ..supervisor_options()
@@ -423,28 +422,8 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
         }
         let gate = Arc::new(gate);
         let stop = airlock::CancelSignal::new();
-        let mut term = signal(SignalKind::terminate())?;
-        let mut interrupt = signal(SignalKind::interrupt())?;
-        let mut hangup = signal(SignalKind::hangup())?;
-        let signals = {
-            let stop = stop.clone();
-            let gate = Arc::clone(&gate);
-            let supervisor = Arc::clone(&supervisor);
-            let pool = flags.pool;
-            let policy_path = flags.policy.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = term.recv() => break,
-                        _ = interrupt.recv() => break,
-                        _ = hangup.recv() => {
-                            reload::reload_policy(&policy_path, &gate, &supervisor, pool).await;
-                        }
-                    }
-                }
-                stop.cancel();
-            })
-        };
+        let (signals, _reloads) =
+            reload::watch_signals(&flags.policy, &gate, &supervisor, flags.pool, &stop)?;
         airlock::daemon::serve(gate, flags.config, stop).await?;
         signals.abort();
         supervisor.close().await;

@@ -70,7 +70,6 @@ pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
     };
     let runtime = crate::runtime()?;
     let outcome = runtime.block_on(async {
-        use tokio::signal::unix::{SignalKind, signal};
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
             sandbox_host_id: args.sandbox_uid,
             ..crate::supervisor_options()
@@ -86,29 +85,8 @@ pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
         }
         let gate = Arc::new(gate);
         let stop = CancelSignal::new();
-        let (reloaded, reloads) = tokio::sync::watch::channel(0u64);
-        let mut term = signal(SignalKind::terminate())?;
-        let mut interrupt = signal(SignalKind::interrupt())?;
-        let mut hangup = signal(SignalKind::hangup())?;
-        let signals = {
-            let (stop, gate, supervisor) =
-                (stop.clone(), Arc::clone(&gate), Arc::clone(&supervisor));
-            let path = args.policy.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = term.recv() => break,
-                        _ = interrupt.recv() => break,
-                        _ = hangup.recv() => {
-                            if crate::reload::reload_policy(&path, &gate, &supervisor, pool).await {
-                                reloaded.send_modify(|n| *n += 1);
-                            }
-                        }
-                    }
-                }
-                stop.cancel();
-            })
-        };
+        let (signals, reloads) =
+            crate::reload::watch_signals(&args.policy, &gate, &supervisor, pool, &stop)?;
         tracing::info!(policy = %args.policy.display(), "airlock MCP server on stdio");
         let (input, output) = stdio();
         let served = airlock::mcp::serve(gate, config, input, output, reloads, stop).await;
