@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::egress::EgressPolicy;
 use crate::schema::{CompiledSchema, SchemaError, compile_schema};
-use crate::seccomp::{SeccompError, compile_seccomp_program, digest_program};
+use crate::seccomp::{Form, SeccompError, compile_seccomp_program_as, digest_program};
 use crate::validated::{
     ArgTemplate, GatePolicy, Limits, Network, ProcView, Profile, Requirements, SessionPolicy,
     StdinSource, Tool, ValidatedPolicy, Workspace,
@@ -291,9 +291,11 @@ fn environment(profile: &Profile) -> Vec<(String, String)> {
 /// Compiles one profile.
 pub fn compile_profile(profile: &Profile) -> Result<CompiledProfile, CompileError> {
     let program =
-        compile_seccomp_program(&profile.syscalls).map_err(|source| CompileError::Seccomp {
-            profile: profile.name.clone(),
-            source,
+        compile_seccomp_program_as(&profile.syscalls, Form::Reporting).map_err(|source| {
+            CompileError::Seccomp {
+                profile: profile.name.clone(),
+                source,
+            }
         })?;
     let digest = digest_program(&program);
     let spec = SandboxSpec {

@@ -26,6 +26,8 @@
 
 use std::collections::BTreeSet;
 
+use airlock_protocol::BpfInstruction;
+
 use crate::syscalls::syscall_number;
 
 mod args;
@@ -33,7 +35,9 @@ pub mod interpret;
 mod program;
 mod tables;
 
-pub use program::{compile_seccomp_program, digest_program};
+pub use program::{
+    Form, compile_seccomp_program, compile_seccomp_program_as, digest_program, notified_refusal,
+};
 pub use tables::{DEFAULT_ALLOW, DENIED_EPERM_GROUPS, denied_eperm, is_never_allowed};
 
 /// Why a seccomp program could not be built.
@@ -68,6 +72,46 @@ pub struct SyscallPolicy {
     pub deny: BTreeSet<String>,
     /// Socket families.
     pub families: SocketFamilies,
+}
+
+/// A syscall the reporting program handed to the supervisor, as that program decides it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The syscall's name; `None` for a number the table does not know.
+    pub syscall: Option<&'static str>,
+    /// Its number.
+    pub nr: u32,
+    /// The errno the filter answers with.
+    pub errno: u32,
+    /// The argument rule that refused it, for a syscall refused for its arguments.
+    pub rule: Option<&'static str>,
+}
+
+/// What `program` (the reporting form) decides for a syscall the kernel handed over, read
+/// from the same program the kernel ran, so the answer is the one the errno form gives.
+/// `None` when the program does not hand this syscall over: the caller must still refuse
+/// it, never let it run.
+pub fn refusal_of(
+    program: &[BpfInstruction],
+    arch: u32,
+    nr: u32,
+    args: [u64; 6],
+) -> Option<Refusal> {
+    match interpret::evaluate(program, arch, nr, args) {
+        interpret::Verdict::Notify(data) => {
+            let (errno, ordinal) = notified_refusal(data);
+            Some(Refusal {
+                syscall: crate::syscalls::SYSCALLS
+                    .iter()
+                    .find(|(_, n)| u32::try_from(*n).ok() == Some(nr))
+                    .map(|(name, _)| *name),
+                nr,
+                errno,
+                rule: args::rule_label(nr, ordinal),
+            })
+        }
+        _ => None,
+    }
 }
 
 /// A syscall's number as the program compares it (the accumulator is 32 bits).

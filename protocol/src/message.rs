@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::spec::SandboxSpec;
 
 /// Version of this protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Messages sent by the (trusted) supervisor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +133,9 @@ pub struct AppliedIsolation {
     pub landlock_fully_enforced: bool,
     /// Whether the seccomp filter was installed.
     pub seccomp_installed: bool,
+    /// Whether it was installed with a listener, passed with `Ready` (before any other
+    /// descriptor): the supervisor then answers, and records, every refusal.
+    pub seccomp_listener: bool,
 }
 
 /// Why confinement failed.

@@ -172,12 +172,40 @@ pub struct BpfInstruction {
     pub k: u32,
 }
 
+/// `SECCOMP_RET_USER_NOTIF`, and the mask of a return's action.
+const RET_USER_NOTIF: u32 = 0x7fc0_0000;
+const RET_ERRNO: u32 = 0x0005_0000;
+const RET_ACTION: u32 = 0xffff_0000;
+/// The errno's bits of a refusal's data; the bits above name the argument rule.
+const ERRNO_MASK: u32 = 0x0fff;
+const BPF_RET_K: u16 = 0x06;
+
+impl SeccompSpec {
+    /// The program that refuses what [`SeccompSpec::program`] refuses, with the same errnos,
+    /// without a listener: each notifying return becomes the errno return it stands for. For
+    /// a kernel that cannot give the worker a listener (one is already in the filter chain,
+    /// when airlock itself runs under such a filter).
+    pub fn errno_form(&self) -> Vec<BpfInstruction> {
+        self.program
+            .iter()
+            .map(|i| match i.code {
+                BPF_RET_K if i.k & RET_ACTION == RET_USER_NOTIF => BpfInstruction {
+                    k: RET_ERRNO | (i.k & ERRNO_MASK),
+                    ..*i
+                },
+                _ => *i,
+            })
+            .collect()
+    }
+}
+
 /// A compiled seccomp filter.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SeccompSpec {
     /// Required or best effort.
     pub requirement: Requirement,
-    /// The program, ready for `seccomp(SECCOMP_SET_MODE_FILTER)`.
+    /// The program, ready for `seccomp(SECCOMP_SET_MODE_FILTER)` with a listener: its
+    /// refusals notify the supervisor, which answers them (see [`SeccompSpec::errno_form`]).
     pub program: Vec<BpfInstruction>,
     /// Hex SHA-256 of the program, reported in results.
     pub digest: String,

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use airlock_policy::rules::Decision;
 use serde::Serialize;
 
-use crate::result::{ErrorKind, LandlockLevel, ToolResult};
+use crate::result::{Denial, ErrorKind, LandlockLevel, ToolResult};
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -119,6 +119,9 @@ pub struct Event {
     /// The connection of a `network.*` event.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkRecord>,
+    /// What was refused during the call (the result's `denials`), on a call's last event.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub denials: Vec<Denial>,
 }
 
 impl Event {
@@ -143,6 +146,7 @@ impl Event {
             isolation: None,
             input: None,
             network: None,
+            denials: Vec::new(),
         }
     }
 
@@ -184,6 +188,17 @@ impl Event {
             seccomp: isolation.seccomp.is_some(),
             cgroup: isolation.cgroup.clone(),
         });
+        // Destinations and reasons come from the tool's requests: sanitised like its other
+        // text.
+        self.denials = result
+            .denials
+            .iter()
+            .map(|d| Denial {
+                object: sanitize(&d.object),
+                rule: d.rule.as_deref().map(sanitize),
+                ..d.clone()
+            })
+            .collect();
         self
     }
 }

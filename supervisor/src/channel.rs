@@ -30,8 +30,9 @@ pub enum ChannelError {
 /// Most log records a worker may send in one conversation.
 const MAX_LOG_RECORDS: usize = 256;
 
-/// Most descriptors a worker may pass in one conversation: its egress listener.
-const MAX_PASSED_DESCRIPTORS: usize = 1;
+/// Most descriptors a worker may pass in one conversation: its seccomp listener and its
+/// egress listener.
+const MAX_PASSED_DESCRIPTORS: usize = 2;
 
 /// One worker's protocol socket.
 #[derive(Debug)]

@@ -48,6 +48,7 @@ pub mod cgroup;
 mod channel;
 mod clock;
 pub mod daemon;
+mod denials;
 pub mod egress;
 mod egress_audit;
 pub mod gate;

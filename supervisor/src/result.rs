@@ -126,6 +126,80 @@ impl ToolError {
     }
 }
 
+/// The layer that refused something during a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DenialLayer {
+    /// The seccomp filter refused a syscall.
+    Seccomp,
+    /// Landlock refused an access.
+    Landlock,
+    /// A path the tool looked up is not in the sandbox's mount plan.
+    Mounts,
+    /// The egress proxy refused a destination.
+    Network,
+    /// A limit refused (a fork, output past the bound) or ended the call.
+    Limit,
+}
+
+/// One kind of refusal during a call, counted: which layer refused what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Denial {
+    /// The layer.
+    pub layer: DenialLayer,
+    /// What was refused: a syscall's name (`syscall_<nr>` for a number without one, `other`
+    /// for refusals past the list's bound), a destination `host:port`, or a limit's name
+    /// (`memory`, `pids`, `cpu_time`, `file_size`, `output`, `deadline`).
+    pub object: String,
+    /// `seccomp`: the errno the syscall got (`EPERM`, `ENOSYS`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errno: Option<String>,
+    /// `seccomp`: the argument rule that refused it; `network`: the refusal's reason;
+    /// `limit`: the stream (`stdout`, `stderr`) for `output`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// How many times.
+    pub count: u64,
+}
+
+/// Whether a layer's refusals can appear in a call's `denials`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Coverage {
+    /// Every refusal of this layer is listed.
+    Reported,
+    /// This layer's refusals cannot be observed here; an empty list says nothing of them.
+    Unavailable,
+}
+
+/// Per layer, whether `denials` can show its refusals for this call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DenialReporting {
+    /// Reported when the filter was installed with a listener.
+    pub seccomp: Coverage,
+    /// Not observed by airlock (the kernel reports Landlock denials to the audit log only).
+    pub landlock: Coverage,
+    /// Not observed: seeing lookups of missing paths would take tracing the tool.
+    pub mounts: Coverage,
+    /// Reported for a profile with an egress allowlist (its proxy refuses); with no
+    /// network at all nothing answers a connection to refuse it.
+    pub network: Coverage,
+    /// Reported: the cgroup counters and the way the tool ended say which limit.
+    pub limits: Coverage,
+}
+
+impl Default for DenialReporting {
+    fn default() -> Self {
+        Self {
+            seccomp: Coverage::Unavailable,
+            landlock: Coverage::Unavailable,
+            mounts: Coverage::Unavailable,
+            network: Coverage::Unavailable,
+            limits: Coverage::Unavailable,
+        }
+    }
+}
+
 /// Resource usage.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
@@ -177,6 +251,8 @@ pub struct Isolation {
     pub cgroup: Option<String>,
     /// The limits.
     pub limits: AppliedLimits,
+    /// Which layers' refusals the call's `denials` can show.
+    pub denial_reporting: DenialReporting,
 }
 
 impl Default for Isolation {
@@ -189,6 +265,7 @@ impl Default for Isolation {
             seccomp: None,
             cgroup: None,
             limits: AppliedLimits::default(),
+            denial_reporting: DenialReporting::default(),
         }
     }
 }
@@ -230,6 +307,9 @@ pub struct ToolResult {
     pub isolation: Option<Isolation>,
     /// What the egress proxy let through and refused, for a profile with an allowlist.
     pub network: Option<EgressSummary>,
+    /// What was refused during the call, by layer, de-duplicated and counted (bounded);
+    /// `isolation.denial_reporting` says which layers can appear.
+    pub denials: Vec<Denial>,
 }
 
 impl ToolResult {
@@ -252,6 +332,7 @@ impl ToolResult {
             usage: Usage::default(),
             isolation: None,
             network: None,
+            denials: Vec::new(),
         }
     }
 
@@ -358,6 +439,13 @@ mod tests {
             }],
             ..Default::default()
         });
+        result.denials = vec![Denial {
+            layer: DenialLayer::Seccomp,
+            object: "ptrace".into(),
+            errno: Some("EPERM".into()),
+            rule: Some("r".into()),
+            count: 1,
+        }];
         let json = serde_json::to_value(&result).expect("serialises");
         let mut found = Vec::new();
         keys(&json, "", &mut found);
@@ -366,6 +454,12 @@ mod tests {
         let expected = [
             "attempts",
             "call_id",
+            "denials",
+            "denials[].count",
+            "denials[].errno",
+            "denials[].layer",
+            "denials[].object",
+            "denials[].rule",
             "duration_ms",
             "error",
             "error.kind",
@@ -384,6 +478,12 @@ mod tests {
             "isolation",
             "isolation.backend",
             "isolation.cgroup",
+            "isolation.denial_reporting",
+            "isolation.denial_reporting.landlock",
+            "isolation.denial_reporting.limits",
+            "isolation.denial_reporting.mounts",
+            "isolation.denial_reporting.network",
+            "isolation.denial_reporting.seccomp",
             "isolation.landlock",
             "isolation.landlock_abi",
             "isolation.limits",

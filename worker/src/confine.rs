@@ -6,7 +6,7 @@
 //! every capability *there*, and mapped to an unprivileged host uid (the supervisor wrote
 //! the uid/gid maps before letting it exec). Each step below says why it sits where it is.
 
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 
 use airlock_protocol::{
     AppliedIsolation, NetworkMode, Requirement, RootSource, SandboxSpec, SetupFailure,
@@ -231,6 +231,8 @@ pub struct Confined {
     pub applied: AppliedIsolation,
     /// Listening on `127.0.0.1:<spec.egress_port>` in the worker's network namespace.
     pub egress_listener: Option<std::net::TcpListener>,
+    /// The seccomp filter's listener, for the supervisor; nothing the tool may hold.
+    pub seccomp_listener: Option<OwnedFd>,
 }
 
 /// Confines the calling worker process according to `spec`. `keep_fd` is the protocol
@@ -363,9 +365,16 @@ pub fn confine_worker(
 
     // 11. seccomp last: everything above uses syscalls the filter refuses (mount,
     //     sethostname, ...). From here on the worker itself runs under the filter too.
-    let seccomp_installed = match sys::install_seccomp_filter(&spec.seccomp.program) {
-        Ok(()) => true,
-        Err(_) if spec.seccomp.requirement == Requirement::BestEffort => false,
+    //     With a listener, the supervisor answers each refusal with the errno the filter
+    //     names and records it; where the kernel cannot give one, the errno form refuses
+    //     the same syscalls alike, unreported.
+    let seccomp = match sys::install_seccomp_filter_with_listener(&spec.seccomp.program) {
+        Ok(listener) => Ok(Some(listener)),
+        Err(_) => sys::install_seccomp_filter(&spec.seccomp.errno_form()).map(|()| None),
+    };
+    let (seccomp_installed, seccomp_listener) = match seccomp {
+        Ok(listener) => (true, listener),
+        Err(_) if spec.seccomp.requirement == Requirement::BestEffort => (false, None),
         Err(e) => return Err(ConfineError::Seccomp(e)),
     };
 
@@ -387,10 +396,12 @@ pub fn confine_worker(
         landlock_abi: landlock.abi,
         landlock_fully_enforced: landlock.fully_enforced,
         seccomp_installed,
+        seccomp_listener: seccomp_listener.is_some(),
     };
     Ok(Confined {
         applied,
         egress_listener,
+        seccomp_listener,
     })
 }
 

@@ -1,6 +1,6 @@
 //! The worker's conversation with the supervisor: handshake, confine, run, exit.
 
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use airlock_protocol::{
@@ -46,25 +46,35 @@ fn send_after_log(stream: &mut UnixStream, log: String, message: &WorkerMessage)
     stream.write_all(&frames).is_ok()
 }
 
-/// Sends `message` with `descriptor` attached (`SCM_RIGHTS`) in one `sendmsg`: the
-/// supervisor receives the descriptor with the message's first bytes.
-fn send_with_descriptor(
+/// Sends a debug `log` record and `message` in one write, with `descriptors` attached
+/// (`SCM_RIGHTS`) to the first bytes: the supervisor holds them, in this order, by the time
+/// it reads `message`.
+fn send_with_descriptors(
     stream: &UnixStream,
+    log: String,
     message: &WorkerMessage,
-    descriptor: &impl std::os::fd::AsRawFd,
+    descriptors: &[RawFd],
 ) -> bool {
     use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
     use std::os::fd::AsRawFd;
-    let Ok(frame) = encode_frame(message) else {
+    let record = WorkerMessage::Log(LogRecord {
+        level: LogLevel::Debug,
+        message: log,
+    });
+    let (Ok(mut frames), Ok(frame)) = (encode_frame(&record), encode_frame(message)) else {
         return false;
     };
-    let fds = [descriptor.as_raw_fd()];
-    let control = [ControlMessage::ScmRights(&fds)];
+    frames.extend_from_slice(&frame);
+    let control = [ControlMessage::ScmRights(descriptors)];
     let mut sent = 0;
-    while sent < frame.len() {
-        let iov = [std::io::IoSlice::new(&frame[sent..])];
-        // The descriptor rides on the first part only.
-        let control: &[ControlMessage] = if sent == 0 { &control } else { &[] };
+    while sent < frames.len() {
+        let iov = [std::io::IoSlice::new(&frames[sent..])];
+        // The descriptors ride on the first part only.
+        let control: &[ControlMessage] = if sent == 0 && !descriptors.is_empty() {
+            &control
+        } else {
+            &[]
+        };
         match sendmsg::<()>(stream.as_raw_fd(), &iov, control, MsgFlags::empty(), None) {
             Ok(0) => return false,
             Ok(n) => sent += n,
@@ -175,12 +185,17 @@ pub fn serve_on_socket(fd: RawFd) -> i32 {
         Ok(confined) => {
             let steps = format!("confinement steps: {}", timings.summary());
             let ready = WorkerMessage::Ready(confined.applied);
-            let sent = match &confined.egress_listener {
-                Some(listener) => send_with_descriptor(&stream, &ready, listener),
-                None => send_after_log(&mut stream, steps, &ready),
-            };
-            // Ours closes here: from now on only the supervisor holds the listener, and no
-            // tool we start can accept on it.
+            // The seccomp listener first, as `Ready` tells the supervisor to expect.
+            let descriptors: Vec<RawFd> = confined
+                .seccomp_listener
+                .iter()
+                .map(AsRawFd::as_raw_fd)
+                .chain(confined.egress_listener.iter().map(AsRawFd::as_raw_fd))
+                .collect();
+            let sent = send_with_descriptors(&stream, steps, &ready, &descriptors);
+            // Ours close here: from now on only the supervisor holds them, and no tool we
+            // start can accept on the egress listener or answer its own refusals.
+            drop(confined.seccomp_listener);
             drop(confined.egress_listener);
             if !sent {
                 return exit_code::PROTOCOL;

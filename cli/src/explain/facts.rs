@@ -187,6 +187,17 @@ pub(super) struct ProcFacts {
     pub(super) hidden: Vec<&'static str>,
 }
 
+/// What a call's result can say was refused (`denials`), layer by layer: `reported` or
+/// `unavailable` with why, as `isolation.denial_reporting` will say.
+#[derive(Debug, Serialize)]
+pub(super) struct DenialFacts {
+    pub(super) seccomp: &'static str,
+    pub(super) landlock: &'static str,
+    pub(super) mounts: &'static str,
+    pub(super) network: &'static str,
+    pub(super) limits: &'static str,
+}
+
 #[derive(Debug, Serialize)]
 pub(super) struct ProfileFacts {
     pub(super) name: String,
@@ -198,6 +209,7 @@ pub(super) struct ProfileFacts {
     pub(super) network: NetworkFacts,
     pub(super) syscalls: SyscallFacts,
     pub(super) limits: LimitFacts,
+    pub(super) denials: DenialFacts,
     pub(super) env: BTreeMap<String, String>,
     pub(super) hostname: String,
     pub(super) cwd: String,

@@ -7,8 +7,8 @@ use airlock_policy::validate::{Network, ProcView, Profile};
 use airlock_protocol::Requirement;
 
 use super::facts::{
-    DenialGroup, LimitFacts, NetworkFacts, PathFacts, ProcFacts, ProfileFacts, RequireFacts,
-    SyscallFacts, SyscallGroup, TmpfsFacts,
+    DenialFacts, DenialGroup, LimitFacts, NetworkFacts, PathFacts, ProcFacts, ProfileFacts,
+    RequireFacts, SyscallFacts, SyscallGroup, TmpfsFacts,
 };
 
 /// The groups of [`DEFAULT_ALLOW`], in its order, each named with its first member (the
@@ -89,6 +89,20 @@ pub(super) fn describe_profile(profile: &Profile) -> ProfileFacts {
             open_files: limits.open_files,
             file_size_bytes: limits.file_size_bytes,
             file_size: format_size(limits.file_size_bytes),
+        },
+        denials: DenialFacts {
+            seccomp: "reported: every refused syscall by name, with its errno and argument rule \
+                      (unavailable where the kernel gives no seccomp listener; clone3 is never \
+                      listed: every fork tries it first)",
+            landlock: "unavailable: the kernel reports Landlock refusals to its audit log only",
+            mounts: "unavailable: seeing lookups of paths outside the plan would take tracing \
+                     every file syscall",
+            network: match profile.network {
+                Network::Egress(_) => "reported: every destination the proxy refused, and why",
+                _ => "unavailable: without an allowlist nothing answers a connection to refuse it",
+            },
+            limits: "reported: the limit that ended the call (memory, pids, cpu_time, \
+                     file_size, deadline), refused forks and cut output",
         },
         env: profile.env.iter().cloned().collect(),
         hostname: profile.hostname.clone(),

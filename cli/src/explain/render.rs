@@ -278,6 +278,17 @@ fn render_profile(p: &ProfileFacts, policy: &str, line: &mut impl FnMut(String))
         "    file size:            {} per file written (RLIMIT_FSIZE)",
         l.file_size
     ));
+    let d = &p.denials;
+    line("  denials:     what a call's result lists as refused (`denials`), by layer".into());
+    for (layer, says) in [
+        ("seccomp", d.seccomp),
+        ("landlock", d.landlock),
+        ("mounts", d.mounts),
+        ("network", d.network),
+        ("limits", d.limits),
+    ] {
+        line(format!("    {layer:<22}{says}"));
+    }
     line("  environment: (the whole environment; nothing is inherited from the host)".into());
     for (name, value) in &p.env {
         line(format!("    {name}={value}"));

@@ -49,6 +49,7 @@ def record(call_id: str = "c", tool: str = "t", **changes: Any) -> dict[str, Any
         "attempts": 1,
         "usage": {"cpu_ms": 0, "peak_memory_bytes": None},
         "isolation": None,
+        "denials": [],
         "network": None,
     }
     base.update(changes)

@@ -25,6 +25,8 @@ MIRRORS: list[tuple[type[Any], str]] = [
     (T.Violation, "/$defs/tool_error/properties/violations/items"),
     (T.Usage, "/$defs/tool_result/properties/usage"),
     (T.Isolation, "/$defs/tool_result/properties/isolation"),
+    (T.DenialReporting, "/$defs/tool_result/properties/isolation/properties/denial_reporting"),
+    (T.Denial, "/$defs/tool_result/properties/denials/items"),
     (T.Limits, "/$defs/tool_result/properties/isolation/properties/limits"),
     (T.Network, "/$defs/tool_result/properties/network"),
     (T.NetworkEvent, "/$defs/tool_result/properties/network/properties/events/items"),

@@ -572,6 +572,7 @@ function notSent(callId: string, tool: string, message: string): ToolResult {
     usage: { cpu_ms: 0, peak_memory_bytes: null },
     isolation: null,
     network: null,
+    denials: [],
   };
 }
 

@@ -85,6 +85,15 @@ export interface IsolationLimits {
   output_bytes: number;
 }
 
+/** Per layer, whether `denials` can show its refusals; `unavailable`: an empty list says nothing of it. */
+export interface DenialReporting {
+  seccomp: "reported" | "unavailable";
+  landlock: "reported" | "unavailable";
+  mounts: "reported" | "unavailable";
+  network: "reported" | "unavailable";
+  limits: "reported" | "unavailable";
+}
+
 export interface Isolation {
   backend: "airlock" | "unsafe_local";
   namespaces: string[];
@@ -93,6 +102,19 @@ export interface Isolation {
   seccomp: string | null;
   cgroup: "v1" | "v2" | null;
   limits: IsolationLimits;
+  denial_reporting: DenialReporting;
+}
+
+/** One kind of refusal during a call, counted: which layer refused what. */
+export interface Denial {
+  layer: "seccomp" | "landlock" | "mounts" | "network" | "limit";
+  /** A syscall's name, a destination `host:port`, or a limit's name. */
+  object: string;
+  /** seccomp: the errno the syscall got. */
+  errno?: string;
+  /** seccomp: the argument rule; network: the reason; limit `output`: the stream. */
+  rule?: string;
+  count: number;
 }
 
 export interface NetworkEvent {
@@ -141,6 +163,8 @@ export interface ToolResult {
   usage: Usage;
   isolation: Isolation | null;
   network: NetworkReport | null;
+  /** What was refused during the call (see `isolation.denial_reporting`). */
+  denials: Denial[];
 }
 
 /** Exactly what `execute` will run, and why it needs a human. */
@@ -415,6 +439,8 @@ export const SCHEMA_OF = {
   Usage: "/$defs/tool_result/properties/usage",
   IsolationLimits: "/$defs/tool_result/properties/isolation/properties/limits",
   Isolation: "/$defs/tool_result/properties/isolation",
+  DenialReporting: "/$defs/tool_result/properties/isolation/properties/denial_reporting",
+  Denial: "/$defs/tool_result/properties/denials/items",
   NetworkEvent: "/$defs/tool_result/properties/network/properties/events/items",
   NetworkReport: "/$defs/tool_result/properties/network",
   ToolResult: "/$defs/tool_result",

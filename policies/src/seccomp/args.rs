@@ -7,14 +7,14 @@ use std::collections::BTreeMap;
 use super::{SeccompError, SocketFamilies, number};
 
 // Namespace flags refused on clone(2) (Docker's mask 0x7E020000, flag by flag).
-const CLONE_NAMESPACE_FLAGS: [u32; 7] = [
-    0x0002_0000, // CLONE_NEWNS
-    0x0200_0000, // CLONE_NEWCGROUP
-    0x0400_0000, // CLONE_NEWUTS
-    0x0800_0000, // CLONE_NEWIPC
-    0x1000_0000, // CLONE_NEWUSER
-    0x2000_0000, // CLONE_NEWPID
-    0x4000_0000, // CLONE_NEWNET
+const CLONE_NAMESPACE_FLAGS: [(u32, &str); 7] = [
+    (0x0002_0000, "CLONE_NEWNS"),
+    (0x0200_0000, "CLONE_NEWCGROUP"),
+    (0x0400_0000, "CLONE_NEWUTS"),
+    (0x0800_0000, "CLONE_NEWIPC"),
+    (0x1000_0000, "CLONE_NEWUSER"),
+    (0x2000_0000, "CLONE_NEWPID"),
+    (0x4000_0000, "CLONE_NEWNET"),
 ];
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541C;
@@ -67,19 +67,34 @@ const fn masked_eq(arg: u8, mask: u32, value: u32) -> Condition {
     }
 }
 
+/// One argument rule: a conjunction of conditions, and what it stands for in a denial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Rule {
+    /// Names the refusal in results (`denials[].rule`): what the tool asked for.
+    pub(super) label: &'static str,
+    pub(super) conditions: Vec<Condition>,
+}
+
+fn rule(label: &'static str, conditions: Vec<Condition>) -> Rule {
+    Rule { label, conditions }
+}
+
 /// Argument rules under which a syscall that is otherwise allowed gets `EPERM`.
 pub(super) fn argument_rules(
     families: SocketFamilies,
-) -> Result<BTreeMap<u32, Vec<Vec<Condition>>>, SeccompError> {
+) -> Result<BTreeMap<u32, Vec<Rule>>, SeccompError> {
     let mut rules = BTreeMap::new();
     let clone = CLONE_NAMESPACE_FLAGS
         .iter()
-        .map(|flag| vec![masked_eq(0, *flag, *flag)])
+        .map(|(flag, label)| rule(label, vec![masked_eq(0, *flag, *flag)]))
         .collect();
     rules.insert(number("clone")?, clone);
     rules.insert(
         number("ioctl")?,
-        vec![vec![eq(1, TIOCSTI)], vec![eq(1, TIOCLINUX)]],
+        vec![
+            rule("TIOCSTI", vec![eq(1, TIOCSTI)]),
+            rule("TIOCLINUX", vec![eq(1, TIOCLINUX)]),
+        ],
     );
     let allowed_families: &[u32] = match families {
         SocketFamilies::UnixOnly => &[libc::AF_UNIX as u32],
@@ -90,34 +105,62 @@ pub(super) fn argument_rules(
         ],
     };
     let other_family: Vec<Condition> = allowed_families.iter().map(|f| ne(0, *f)).collect();
+    let family_label = "address family the profile does not allow";
     let mut socket = vec![
-        other_family.clone(),
-        vec![masked_eq(1, SOCK_TYPE_MASK, SOCK_RAW)],
-        vec![masked_eq(1, SOCK_TYPE_MASK, SOCK_PACKET)],
+        rule(family_label, other_family.clone()),
+        rule("SOCK_RAW", vec![masked_eq(1, SOCK_TYPE_MASK, SOCK_RAW)]),
+        rule(
+            "SOCK_PACKET",
+            vec![masked_eq(1, SOCK_TYPE_MASK, SOCK_PACKET)],
+        ),
     ];
     if families == SocketFamilies::UnixAndInetStreams {
-        for family in [libc::AF_INET as u32, libc::AF_INET6 as u32] {
-            socket.push(vec![
-                eq(0, family),
-                masked_eq(1, SOCK_TYPE_MASK, libc::SOCK_DGRAM as u32),
-            ]);
+        for (family, label) in [
+            (libc::AF_INET as u32, "AF_INET datagram socket"),
+            (libc::AF_INET6 as u32, "AF_INET6 datagram socket"),
+        ] {
+            socket.push(rule(
+                label,
+                vec![
+                    eq(0, family),
+                    masked_eq(1, SOCK_TYPE_MASK, libc::SOCK_DGRAM as u32),
+                ],
+            ));
         }
     }
     rules.insert(number("socket")?, socket);
-    rules.insert(number("socketpair")?, vec![other_family]);
+    rules.insert(
+        number("socketpair")?,
+        vec![rule(family_label, other_family)],
+    );
     let device = |arg| {
         vec![
-            vec![masked_eq(arg, S_IFMT, S_IFCHR)],
-            vec![masked_eq(arg, S_IFMT, S_IFBLK)],
+            rule("character device", vec![masked_eq(arg, S_IFMT, S_IFCHR)]),
+            rule("block device", vec![masked_eq(arg, S_IFMT, S_IFBLK)]),
         ]
     };
     rules.insert(number("mknod")?, device(1));
     rules.insert(number("mknodat")?, device(2));
     rules.insert(
         number("personality")?,
-        vec![PERSONALITY_ALLOWED.iter().map(|v| ne(0, *v)).collect()],
+        vec![rule(
+            "personality change",
+            PERSONALITY_ALLOWED.iter().map(|v| ne(0, *v)).collect(),
+        )],
     );
     Ok(rules)
+}
+
+/// The label of argument rule `ordinal` (1-based, as the reporting program returns it) of
+/// syscall `nr`; `None` for 0 or an ordinal the syscall has no rule for. Every family
+/// setting numbers its rules alike; the streams-only one has them all.
+pub(super) fn rule_label(nr: u32, ordinal: u32) -> Option<&'static str> {
+    let index = usize::try_from(ordinal).ok()?.checked_sub(1)?;
+    argument_rules(SocketFamilies::UnixAndInetStreams)
+        .ok()?
+        .remove(&nr)?
+        .get(index)
+        .map(|r| r.label)
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@ pub enum Verdict {
     Allow,
     /// It fails with this errno.
     Errno(u32),
+    /// The supervisor is notified (the reporting form); the value's data bits.
+    Notify(u32),
     /// The process is killed with SIGSYS.
     KillProcess,
     /// Any other return value.
@@ -84,6 +86,7 @@ fn run_counting(
                     0x7fff_0000 => Verdict::Allow,
                     0x8000_0000 => Verdict::KillProcess,
                     k if k & 0xffff_0000 == 0x0005_0000 => Verdict::Errno(k & 0xffff),
+                    k if k & 0xffff_0000 == 0x7fc0_0000 => Verdict::Notify(k & 0xffff),
                     k => Verdict::Other(k),
                 };
             }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use airlock_protocol::BpfInstruction;
 
-use super::args::{Condition, argument_rules};
+use super::args::{Condition, Rule, argument_rules};
 use super::{SeccompError, SyscallPolicy, denied_eperm, number};
 
 pub(super) const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
@@ -13,6 +13,13 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
 const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+/// Hands the syscall to the supervisor, which answers it (see [`Form::Reporting`]).
+pub(super) const SECCOMP_RET_USER_NOTIF: u32 = 0x7fc0_0000;
+/// The low bits of a return value: the errno, and in the reporting form the argument rule.
+const SECCOMP_RET_DATA: u32 = 0x0000_ffff;
+/// Errnos fit in 12 bits (the kernel caps them at 4095); the reporting form keeps the
+/// argument rule's ordinal above them.
+const ERRNO_BITS: u32 = 12;
 const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_ALU_AND_K: u16 = 0x54;
 const BPF_JMP_JEQ_K: u16 = 0x15;
@@ -24,14 +31,31 @@ const BPF_MAXINSNS: usize = 4096;
 /// (little-endian).
 const SECCOMP_DATA_ARGS: u32 = 16;
 
+/// Which of the program's two forms to build. They differ only in the value of the returns
+/// that refuse a syscall, so the same syscalls are refused with the same errnos.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Refusals return `SECCOMP_RET_ERRNO | errno`: the kernel answers them alone.
+    Errno,
+    /// Refusals return `SECCOMP_RET_USER_NOTIF | rule << 12 | errno`: the kernel hands the
+    /// syscall to the listener (the supervisor), which reads the same program to learn the
+    /// errno and the argument rule, records the denial and answers with that errno. The
+    /// kernel ignores a notification's data bits, and a filter whose listener is gone fails
+    /// the syscall (`ENOSYS`): never allowed.
+    Reporting,
+}
+
 /// What the program does with one syscall number.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
     Allow,
     Errno(u32),
+    /// Refused with this errno in both forms, never reported: a refusal that runtimes meet
+    /// on every process start and expect (see [`QUIET`]).
+    Quiet(u32),
     /// `EPERM` if any rule (a conjunction of conditions) holds, otherwise `otherwise`.
     Checked {
-        rules: Vec<Vec<Condition>>,
+        rules: Vec<Rule>,
         otherwise: Box<Action>,
     },
 }
@@ -62,6 +86,12 @@ fn action_runs(policy: &SyscallPolicy) -> Result<Vec<(u32, Action)>, SeccompErro
     for name in &policy.deny {
         actions.insert(number(name)?, Action::Errno(libc::EPERM as u32));
     }
+    for name in QUIET {
+        let nr = number(name)?;
+        if actions.get(&nr).is_none_or(|a| *a == enosys) {
+            actions.insert(nr, Action::Quiet(libc::ENOSYS as u32));
+        }
+    }
     let mut runs: Vec<(u32, Action)> = Vec::new();
     let mut next = 0u32;
     for (nr, action) in actions {
@@ -74,6 +104,12 @@ fn action_runs(policy: &SyscallPolicy) -> Result<Vec<(u32, Action)>, SeccompErro
     push_run(&mut runs, next, enosys);
     Ok(runs)
 }
+
+/// Refusals that are the expected first step of a fallback, not a tool's mistake: glibc
+/// tries `clone3` for every thread and child and falls back to `clone` (checked like any
+/// syscall) on `ENOSYS`. Reporting it would add a round trip through the supervisor to
+/// every fork and the same line to nearly every result.
+const QUIET: [&str; 1] = ["clone3"];
 
 fn push_run(runs: &mut Vec<(u32, Action)>, start: u32, action: Action) {
     if runs.last().map(|(_, last)| last) != Some(&action) {
@@ -92,13 +128,20 @@ fn short_offset(len: usize) -> Result<u8, SeccompError> {
 
 /// The instructions for one run's action; the accumulator holds the syscall number, which
 /// argument checks overwrite (every path of a leaf returns).
-fn emit_action(action: &Action) -> Result<Vec<BpfInstruction>, SeccompError> {
+fn emit_action(action: &Action, form: Form) -> Result<Vec<BpfInstruction>, SeccompError> {
     match action {
         Action::Allow => Ok(vec![insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]),
-        Action::Errno(errno) => Ok(vec![insn(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno)]),
+        Action::Errno(errno) => Ok(vec![insn(BPF_RET_K, 0, 0, refusal(form, *errno, 0))]),
+        Action::Quiet(errno) => Ok(vec![insn(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno)]),
         Action::Checked { rules, otherwise } => {
             let mut out = Vec::new();
-            for rule in rules {
+            for (
+                ordinal,
+                Rule {
+                    conditions: rule, ..
+                },
+            ) in (1u32..).zip(rules)
+            {
                 // Each condition: load, mask, compare; a failed condition skips to the next
                 // rule, past the rest of this one and its `RET EPERM`.
                 let per_condition = |c: &Condition| 2 + usize::from(c.mask.is_some());
@@ -124,22 +167,40 @@ fn emit_action(action: &Action) -> Result<Vec<BpfInstruction>, SeccompError> {
                     BPF_RET_K,
                     0,
                     0,
-                    SECCOMP_RET_ERRNO | libc::EPERM as u32,
+                    refusal(form, libc::EPERM as u32, ordinal),
                 ));
             }
-            out.extend(emit_action(otherwise)?);
+            out.extend(emit_action(otherwise, form)?);
             Ok(out)
         }
     }
 }
 
+/// The return value refusing a syscall with `errno`; `rule` is the argument rule's ordinal
+/// (1-based) that refused it, 0 for none.
+fn refusal(form: Form, errno: u32, rule: u32) -> u32 {
+    match form {
+        Form::Errno => SECCOMP_RET_ERRNO | errno,
+        Form::Reporting => {
+            SECCOMP_RET_USER_NOTIF | ((rule << ERRNO_BITS | errno) & SECCOMP_RET_DATA)
+        }
+    }
+}
+
+/// What a return value of the reporting form stands for: the errno the syscall gets, and
+/// the ordinal of the argument rule that refused it (0 for none).
+pub fn notified_refusal(data: u32) -> (u32, u32) {
+    let data = data & SECCOMP_RET_DATA;
+    (data & ((1 << ERRNO_BITS) - 1), data >> ERRNO_BITS)
+}
+
 /// A binary search over the runs: `JGE first-of-the-upper-half` splits them until one run
 /// is left, whose action is the leaf. A lookup costs about log2(runs) comparisons.
-fn emit_tree(runs: &[(u32, Action)]) -> Result<Vec<BpfInstruction>, SeccompError> {
+fn emit_tree(runs: &[(u32, Action)], form: Form) -> Result<Vec<BpfInstruction>, SeccompError> {
     let [(_, only)] = runs else {
         let mid = runs.len() / 2;
-        let lower = emit_tree(&runs[..mid])?;
-        let upper = emit_tree(&runs[mid..])?;
+        let lower = emit_tree(&runs[..mid], form)?;
+        let upper = emit_tree(&runs[mid..], form)?;
         let split = runs[mid].0;
         let mut out = Vec::with_capacity(lower.len() + upper.len() + 2);
         match u8::try_from(lower.len()) {
@@ -156,13 +217,22 @@ fn emit_tree(runs: &[(u32, Action)]) -> Result<Vec<BpfInstruction>, SeccompError
         out.extend(upper);
         return Ok(out);
     };
-    emit_action(only)
+    emit_action(only, form)
 }
 
-/// Builds the single BPF program for a profile's syscall policy: the prologue that kills
-/// other architectures and x32 numbers, then a binary search on the syscall number.
+/// Builds the single BPF program for a profile's syscall policy in its errno form: the
+/// prologue that kills other architectures and x32 numbers, then a binary search on the
+/// syscall number.
 pub fn compile_seccomp_program(
     policy: &SyscallPolicy,
+) -> Result<Vec<BpfInstruction>, SeccompError> {
+    compile_seccomp_program_as(policy, Form::Errno)
+}
+
+/// [`compile_seccomp_program`] in either form.
+pub fn compile_seccomp_program_as(
+    policy: &SyscallPolicy,
+    form: Form,
 ) -> Result<Vec<BpfInstruction>, SeccompError> {
     let mut program = vec![
         // seccomp_data.arch is at offset 4, .nr at offset 0.
@@ -173,7 +243,7 @@ pub fn compile_seccomp_program(
         insn(BPF_JMP_JGE_K, 0, 1, X32_SYSCALL_BIT),
         insn(BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
     ];
-    program.extend(emit_tree(&action_runs(policy)?)?);
+    program.extend(emit_tree(&action_runs(policy)?, form)?);
     if program.len() > BPF_MAXINSNS {
         return Err(SeccompError::TooLong(program.len()));
     }
@@ -368,6 +438,74 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_reporting_form_refuses_exactly_what_the_errno_form_refuses_with_the_same_errno() {
+        let mut with_deny = default_policy(SocketFamilies::UnixAndInetStreams);
+        with_deny.deny.insert("mkdir".into());
+        for policy in [
+            default_policy(SocketFamilies::UnixOnly),
+            default_policy(SocketFamilies::UnixAndInet),
+            with_deny,
+        ] {
+            let errno = compile_seccomp_program(&policy).unwrap();
+            let reporting = compile_seccomp_program_as(&policy, Form::Reporting).unwrap();
+            // What a worker installs where it cannot have a listener is the errno form itself.
+            let fallback = airlock_protocol::SeccompSpec {
+                requirement: airlock_protocol::Requirement::Required,
+                program: reporting.clone(),
+                digest: String::new(),
+            }
+            .errno_form();
+            assert_eq!(fallback, errno);
+            let clone3 = crate::syscalls::syscall_number("clone3").unwrap() as u32;
+            for nr in 0..1100u32 {
+                for args in [[0; 6], [16, 3, 0, 0, 0, 0], [0x1000_0011, 0, 0, 0, 0, 0]] {
+                    let plain = evaluate(&errno, AUDIT_ARCH_X86_64, nr, args);
+                    let told = evaluate(&reporting, AUDIT_ARCH_X86_64, nr, args);
+                    match (plain, told) {
+                        // clone3 is answered by the filter alone: every fork tries it.
+                        (Verdict::Errno(e), Verdict::Errno(r)) if nr == clone3 => {
+                            assert_eq!((e, r), (38, 38));
+                        }
+                        (Verdict::Errno(e), Verdict::Notify(data)) => {
+                            assert_eq!(notified_refusal(data).0, e, "syscall {nr}");
+                        }
+                        (plain, told) => assert_eq!(plain, told, "syscall {nr} {args:x?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_notified_refusal_names_its_syscall_errno_and_argument_rule() {
+        let policy = default_policy(SocketFamilies::UnixOnly);
+        let p = compile_seccomp_program_as(&policy, Form::Reporting).unwrap();
+        let nr = |name| crate::syscalls::syscall_number(name).unwrap() as u32;
+        let ask = |name, args| super::super::refusal_of(&p, AUDIT_ARCH_X86_64, nr(name), args);
+        let netlink = ask("socket", [16, 3, 0, 0, 0, 0]).unwrap();
+        assert_eq!(netlink.syscall, Some("socket"));
+        assert_eq!(netlink.errno, 1);
+        assert_eq!(
+            netlink.rule,
+            Some("address family the profile does not allow")
+        );
+        let raw_unix = ask("socket", [1, 3, 0, 0, 0, 0]).unwrap();
+        assert_eq!(raw_unix.rule, Some("SOCK_RAW"));
+        let newpid = ask("clone", [0x2000_0011, 0, 0, 0, 0, 0]).unwrap();
+        assert_eq!(newpid.rule, Some("CLONE_NEWPID"));
+        let ptrace = ask("ptrace", [0; 6]).unwrap();
+        assert_eq!((ptrace.errno, ptrace.rule), (1, None));
+        let uring = ask("io_uring_setup", [0; 6]).unwrap();
+        assert_eq!(uring.errno, 38);
+        let unknown = super::super::refusal_of(&p, AUDIT_ARCH_X86_64, 1000, [0; 6]).unwrap();
+        assert_eq!((unknown.syscall, unknown.errno), (None, 38));
+        // Allowed syscalls, and clone3, never reach the supervisor.
+        assert_eq!(ask("read", [0; 6]), None);
+        assert_eq!(ask("clone3", [0; 6]), None);
+        assert_eq!(ask("socket", [1, 1, 0, 0, 0, 0]), None);
     }
 
     #[test]

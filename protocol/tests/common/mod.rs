@@ -155,8 +155,9 @@ prop_compose! {
         landlock_abi in any::<u32>(),
         landlock_fully_enforced in any::<bool>(),
         seccomp_installed in any::<bool>(),
+        seccomp_listener in any::<bool>(),
     ) -> AppliedIsolation {
-        AppliedIsolation { namespaces, landlock_abi, landlock_fully_enforced, seccomp_installed }
+        AppliedIsolation { namespaces, landlock_abi, landlock_fully_enforced, seccomp_installed, seccomp_listener }
     }
 }
 
@@ -331,6 +332,7 @@ pub fn sample_worker_messages() -> Vec<WorkerMessage> {
             landlock_abi: 7,
             landlock_fully_enforced: true,
             seccomp_installed: true,
+            seccomp_listener: true,
         }),
         WorkerMessage::SetupFailed(SetupFailure {
             step: "landlock".into(),

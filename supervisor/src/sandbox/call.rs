@@ -14,6 +14,7 @@ use super::worker::{PrepareError, ReadyWorker, WorkerOrder};
 use super::{ActiveCall, SandboxRun, Supervisor, duration_ms};
 use crate::cancel::CancelSignal;
 use crate::channel::{ChannelError, WorkerChannel};
+use crate::denials::{SeccompWatch, SyscallDenials};
 use crate::egress::{EgressSummary, EventSink};
 use crate::result::{AppliedLimits, ErrorKind, ToolError, ToolResult};
 
@@ -91,18 +92,20 @@ impl Supervisor {
             elapsed_us = started.elapsed().as_micros() as u64,
             "worker ready"
         );
-        let (conversation, lease, channel, network) = match worker {
+        let (conversation, lease, channel, evidence) = match worker {
             Ok(worker) => {
-                let (conversation, lease, channel, network) = self
+                let (conversation, lease, channel, evidence) = self
                     .run_on_worker(worker, &run, bounds, network_events)
                     .await;
-                (conversation, lease, Some(channel), network)
+                (conversation, lease, Some(channel), evidence)
             }
             Err(PrepareError::Rejected(error)) => {
                 let facts = facts_of(&run, duration_ms(started.elapsed()));
                 return result_of(&facts, Outcome::Refused(*error));
             }
-            Err(PrepareError::Failed(conversation, lease)) => (conversation, *lease, None, None),
+            Err(PrepareError::Failed(conversation, lease)) => {
+                (conversation, *lease, None, Evidence::default())
+            }
         };
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
@@ -150,7 +153,8 @@ impl Supervisor {
             conversation,
             cgroup,
             stats,
-            network,
+            network: evidence.network,
+            seccomp: evidence.seccomp,
         };
         result_of(&facts, outcome)
     }
@@ -163,22 +167,21 @@ impl Supervisor {
         run: &SandboxRun,
         bounds: Bounds<'_>,
         network_events: Option<Arc<dyn EventSink>>,
-    ) -> (
-        Conversation,
-        WorkerLease,
-        WorkerChannel,
-        Option<EgressSummary>,
-    ) {
+    ) -> (Conversation, WorkerLease, WorkerChannel, Evidence) {
         let ReadyWorker {
             lease,
             mut channel,
             applied,
             run_sent,
+            seccomp,
             egress,
         } = worker;
-        // Before the call goes out: the tool's first connection finds the proxy serving.
+        // Before the call goes out: the tool's first connection finds the proxy serving,
+        // and its first refused syscall an answer.
         let proxy =
             egress.and_then(|listener| self.start_egress(listener, &run.profile, network_events));
+        let watch =
+            seccomp.and_then(|listener| SeccompWatch::start(listener, Arc::clone(&run.profile)));
         let request = (!run_sent).then(|| run_request(run));
         // Whether the whole Run is out: only then may a Stop follow it on the stream.
         let run_out = std::sync::atomic::AtomicBool::new(request.is_none());
@@ -241,8 +244,21 @@ impl Supervisor {
             Some(proxy) => proxy.finish().await,
             None => None,
         };
-        (conversation, lease, channel, network)
+        let evidence = Evidence {
+            network,
+            seccomp: watch.map(SeccompWatch::finish),
+        };
+        (conversation, lease, channel, evidence)
     }
+}
+
+/// What the layers that watch a call saw of it, for its record.
+#[derive(Debug, Default)]
+struct Evidence {
+    /// The egress proxy's summary, for a profile with one.
+    network: Option<EgressSummary>,
+    /// The seccomp listener's counts, when the filter had one and it was answered.
+    seccomp: Option<SyscallDenials>,
 }
 
 /// What the worker is told to run for `run`.

@@ -13,8 +13,12 @@ use airlock_protocol::{
 
 use crate::cgroup::CgroupStats;
 use crate::channel::ChannelError;
+use crate::denials::{SyscallDenials, denials_of};
 use crate::egress::EgressSummary;
-use crate::result::{AppliedLimits, ErrorKind, Isolation, LandlockLevel, ToolError, ToolResult};
+use crate::result::{
+    AppliedLimits, Coverage, DenialReporting, ErrorKind, Isolation, LandlockLevel, ToolError,
+    ToolResult,
+};
 
 /// What the conversation with a worker produced.
 #[derive(Debug)]
@@ -55,6 +59,8 @@ pub(super) enum Outcome {
         stats: Option<CgroupStats>,
         /// What its egress proxy did, for a profile with one.
         network: Option<EgressSummary>,
+        /// The syscalls its seccomp filter refused, when the supervisor answered them.
+        seccomp: Option<SyscallDenials>,
     },
 }
 
@@ -80,7 +86,7 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
     );
     result.attempts = 1;
     result.duration_ms = facts.duration_ms;
-    let (conversation, cgroup, stats) = match outcome {
+    let (conversation, cgroup, stats, seccomp) = match outcome {
         Outcome::Refused(error) => {
             result.error = Some(error);
             return result;
@@ -90,11 +96,13 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
             cgroup,
             stats,
             network,
+            seccomp,
         } => {
             result.network = network;
-            (conversation, cgroup, stats)
+            (conversation, cgroup, stats, seccomp)
         }
     };
+    let refused_forks = stats.as_ref().map_or(0, |s| s.pids_limit_hits);
     let mut isolation = Isolation {
         limits: facts.limits.clone(),
         cgroup,
@@ -156,9 +164,30 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
             ))
         }
     };
+    result.denials = denials_of(
+        seccomp.as_ref(),
+        result.network.as_ref(),
+        refused_forks,
+        &result,
+    );
+    isolation.denial_reporting = DenialReporting {
+        seccomp: coverage(seccomp.is_some()),
+        landlock: Coverage::Unavailable,
+        mounts: Coverage::Unavailable,
+        network: coverage(result.network.is_some()),
+        limits: Coverage::Reported,
+    };
     result.isolation = Some(isolation);
     result.ok = result.error.is_none();
     result
+}
+
+fn coverage(reported: bool) -> Coverage {
+    if reported {
+        Coverage::Reported
+    } else {
+        Coverage::Unavailable
+    }
 }
 
 /// Which cgroup limits the call ran into.
@@ -361,6 +390,7 @@ mod tests {
             landlock_abi: 6,
             landlock_fully_enforced: true,
             seccomp_installed: true,
+            seccomp_listener: true,
         }
     }
 
@@ -411,6 +441,7 @@ mod tests {
                 cgroup: Some("v2".into()),
                 stats: Some(stats(hit)),
                 network: None,
+                seccomp: None,
             },
         )
     }
@@ -717,6 +748,7 @@ mod tests {
         let partial = AppliedIsolation {
             landlock_fully_enforced: false,
             seccomp_installed: false,
+            seccomp_listener: false,
             ..applied()
         };
         let late = on_worker(

@@ -2,7 +2,7 @@
 //! template), the handshake and its confinement, each step bounded by the call's deadline
 //! and cancellation.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -87,6 +87,8 @@ pub(super) struct ReadyWorker {
     pub(super) applied: AppliedIsolation,
     /// The call's `Run` went out with the `Setup` already (cold calls; see `run`).
     pub(super) run_sent: bool,
+    /// The worker's seccomp listener, answered while its call runs.
+    pub(super) seccomp: Option<OwnedFd>,
     /// The listener in the worker's network namespace its egress proxy accepts on.
     pub(super) egress: Option<std::net::TcpListener>,
 }
@@ -200,9 +202,12 @@ impl Supervisor {
                 .and_then(|outcome| outcome)
         };
         let handshake = handshake.and_then(|applied| {
-            let egress = egress_listener(&mut channel, profile.spec.egress_port)
-                .map_err(|what| Conversation::Broken(ChannelError::Violation(what)))?;
-            Ok((applied, egress))
+            let broken = |what| Conversation::Broken(ChannelError::Violation(what));
+            // In the order the worker passes them: the seccomp listener first.
+            let seccomp =
+                seccomp_listener(&mut channel, applied.seccomp_listener).map_err(broken)?;
+            let egress = egress_listener(&mut channel, profile.spec.egress_port).map_err(broken)?;
+            Ok((applied, seccomp, egress))
         });
         // Confined and idle: now the CPU quota may bind (see `enforce_cpu_quota`).
         if handshake.is_ok()
@@ -215,11 +220,12 @@ impl Supervisor {
             )));
         }
         match handshake {
-            Ok((applied, egress)) => Ok(ReadyWorker {
+            Ok((applied, seccomp, egress)) => Ok(ReadyWorker {
                 lease,
                 channel,
                 applied,
                 run_sent,
+                seccomp,
                 egress,
             }),
             Err(conversation) => Err(failed(conversation, lease)),
@@ -368,6 +374,20 @@ impl Supervisor {
             })),
             Err(_) => Ok(None),
         }
+    }
+}
+
+/// The seccomp listener the worker passed with `Ready` when it says it installed its filter
+/// with one, checked to be one: the supervisor answers its syscalls, and answers nothing
+/// else.
+fn seccomp_listener(channel: &mut WorkerChannel, said: bool) -> Result<Option<OwnedFd>, String> {
+    if !said {
+        return Ok(None);
+    }
+    match channel.take_passed_descriptor() {
+        Some(fd) if crate::sys::is_seccomp_listener(fd.as_fd()) => Ok(Some(fd)),
+        Some(_) => Err("the worker's seccomp listener is not one".into()),
+        None => Err("the worker passed no seccomp listener".into()),
     }
 }
 

@@ -2,10 +2,14 @@
 //! ([`clone`]), pidfds. Every `unsafe` block of the supervisor is here, with its invariant.
 
 mod clone;
+mod notify;
 
 pub use clone::{
     CHILD_STEPS, ChildMemory, ChildStack, InFlightChild, block_all_signals_in_this_thread,
     clone_worker,
+};
+pub use notify::{
+    ListenerState, is_seccomp_listener, poll_listener, receive_notification, refuse_notification,
 };
 
 use std::ffi::{CStr, CString};
@@ -270,7 +274,7 @@ pub fn effective_ids() -> (u32, u32) {
     )
 }
 
-/// Registers a descriptor (a pidfd) with tokio's reactor for readiness.
+/// Registers a descriptor (a pidfd, a seccomp listener) with tokio's reactor for readiness.
 pub fn register_async_fd(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd stays open and keeps the same number until the AsyncFd (its owner
     // from now on) drops it, which is the contract register_with_interest requires.

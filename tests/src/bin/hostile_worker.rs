@@ -67,6 +67,7 @@ fn applied() -> AppliedIsolation {
         landlock_abi: 0,
         landlock_fully_enforced: false,
         seccomp_installed: false,
+        seccomp_listener: false,
     }
 }
 

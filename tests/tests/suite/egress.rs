@@ -207,6 +207,31 @@ fn a_host_off_the_list_gets_a_403_that_says_why_and_is_never_contacted() {
     assert!(out.contains("socks-refused 97"), "{out:?}\n{result}");
     assert!(upstream.requests().is_empty(), "{:?}", upstream.requests());
     assert_eq!(result["network"]["refused"], 2, "{result}");
+    // Both refusals on one line of the record's `denials`: same destination, same reason.
+    let network: Vec<&serde_json::Value> = result["denials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["layer"] == "network")
+        .collect();
+    assert_eq!(network.len(), 1, "{result}");
+    assert_eq!(
+        network[0]["object"],
+        format!("127.0.0.1:{port}"),
+        "{result}"
+    );
+    assert_eq!(network[0]["count"], 2, "{result}");
+    assert!(
+        network[0]["rule"]
+            .as_str()
+            .unwrap()
+            .starts_with("host-not-allowed"),
+        "{result}"
+    );
+    assert_eq!(
+        result["isolation"]["denial_reporting"]["network"], "reported",
+        "{result}"
+    );
     for event in events(&result) {
         assert_eq!(event["allowed"], false, "{event}");
         assert!(

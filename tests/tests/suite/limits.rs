@@ -391,6 +391,11 @@ fn cpu_time_and_file_size_kills_name_their_limit() {
     );
     assert_eq!(spin["error"]["kind"], "cpu_time_limit", "{spin}");
     assert!(spin["usage"]["cpu_ms"].as_u64().unwrap() >= 900, "{spin}");
+    assert_eq!(
+        spin["denials"],
+        serde_json::json!([{"layer": "limit", "object": "cpu_time", "count": 1}]),
+        "{spin}"
+    );
     // dd is the tool itself, so its SIGXFSZ is the tool's death.
     let big = exec_json(
         Some(&policy),
@@ -405,4 +410,9 @@ fn cpu_time_and_file_size_kills_name_their_limit() {
     );
     assert_eq!(big["error"]["kind"], "file_size_limit", "{big}");
     assert_eq!(big["signal"], libc::SIGXFSZ, "{big}");
+    assert_eq!(
+        big["denials"],
+        serde_json::json!([{"layer": "limit", "object": "file_size", "count": 1}]),
+        "{big}"
+    );
 }

@@ -17,6 +17,7 @@ mod cleanup;
 mod cli;
 mod daemon;
 mod daemon_hostile;
+mod denials;
 mod egress;
 mod escape;
 mod escape_pooled;

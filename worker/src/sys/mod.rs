@@ -78,6 +78,22 @@ pub fn landlock_abi_version() -> io::Result<i32> {
 /// Installs a seccomp filter on the calling thread (the worker is single-threaded, so the
 /// whole process). `no_new_privs` must already be set.
 pub fn install_seccomp_filter(program: &[BpfInstruction]) -> io::Result<()> {
+    install_filter(program, 0).map(drop)
+}
+
+/// Installs `program` with a listener (`SECCOMP_FILTER_FLAG_NEW_LISTENER`, Linux 5.0) and
+/// returns it: the descriptor on which the syscalls the program hands over arrive. Fails
+/// with `EBUSY` where a filter in the chain has a listener already.
+pub fn install_seccomp_filter_with_listener(program: &[BpfInstruction]) -> io::Result<OwnedFd> {
+    let fd = install_filter(program, libc::SECCOMP_FILTER_FLAG_NEW_LISTENER)?;
+    let fd = RawFd::try_from(fd)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "listener out of range"))?;
+    // SAFETY: with NEW_LISTENER a successful seccomp() returns a new descriptor (close-on-
+    // exec) that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn install_filter(program: &[BpfInstruction], flags: libc::c_ulong) -> io::Result<libc::c_long> {
     let filters: Vec<libc::sock_filter> = program
         .iter()
         .map(|i| libc::sock_filter {
@@ -99,11 +115,11 @@ pub fn install_seccomp_filter(program: &[BpfInstruction]) -> io::Result<()> {
         libc::syscall(
             libc::SYS_seccomp,
             libc::SECCOMP_SET_MODE_FILTER,
-            0 as libc::c_uint,
+            flags as libc::c_uint,
             &fprog as *const libc::sock_fprog,
         )
     };
-    check(ret).map(drop)
+    check(ret)
 }
 
 /// A detached copy of the mount `source` is on, rooted at `source` itself, not recursive

@@ -53,6 +53,8 @@ NetworkEventKind = Literal["unknown", "connect", "forward", "socks5"]
 NetworkEventEnd = Literal[
     "closed", "client_error", "upstream_error", "byte_limit", "stopped", "unreachable"
 ]
+DenialLayer = Literal["seccomp", "landlock", "mounts", "network", "limit"]
+Coverage = Literal["reported", "unavailable"]
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -158,6 +160,56 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class DenialReporting:
+    """Per layer, whether the call's ``denials`` can show its refusals (``unavailable``: an
+    empty list says nothing of that layer)."""
+
+    seccomp: Coverage
+    landlock: Coverage
+    mounts: Coverage
+    network: Coverage
+    limits: Coverage
+
+    @classmethod
+    def from_json(cls, value: Any) -> DenialReporting:
+        o = _object(value, "denial_reporting")
+        w = "denial_reporting"
+        return cls(
+            seccomp=_field(o, "seccomp", w),
+            landlock=_field(o, "landlock", w),
+            mounts=_field(o, "mounts", w),
+            network=_field(o, "network", w),
+            limits=_field(o, "limits", w),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """One kind of refusal during a call, counted: which layer refused what."""
+
+    layer: DenialLayer
+    object: str
+    """A syscall's name, a destination ``host:port`` or a limit's name."""
+    count: int
+    errno: str | None = None
+    """seccomp: the errno the syscall got."""
+    rule: str | None = None
+    """seccomp: the argument rule; network: the reason; limit ``output``: the stream."""
+
+    @classmethod
+    def from_json(cls, value: Any) -> Denial:
+        o = _object(value, "denial")
+        w = "denial"
+        return cls(
+            layer=_field(o, "layer", w),
+            object=_field(o, "object", w),
+            count=_field(o, "count", w),
+            errno=o.get("errno"),
+            rule=o.get("rule"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Isolation:
     """How the call's worker was confined."""
 
@@ -168,6 +220,7 @@ class Isolation:
     seccomp: str | None
     cgroup: CgroupVersion | None
     limits: Limits
+    denial_reporting: DenialReporting
 
     @classmethod
     def from_json(cls, value: Any) -> Isolation:
@@ -181,6 +234,7 @@ class Isolation:
             seccomp=_field(o, "seccomp", w),
             cgroup=_field(o, "cgroup", w),
             limits=Limits.from_json(_field(o, "limits", w)),
+            denial_reporting=DenialReporting.from_json(_field(o, "denial_reporting", w)),
         )
 
 
@@ -271,6 +325,8 @@ class CallResult:
     """None for a call that never got a worker."""
     network: Network | None
     """None unless the tool's profile has an egress allowlist."""
+    denials: tuple[Denial, ...]
+    """What was refused during the call, by layer (see ``isolation.denial_reporting``)."""
 
     @classmethod
     def from_json(cls, value: Any) -> CallResult:
@@ -296,6 +352,7 @@ class CallResult:
             usage=Usage.from_json(_field(o, "usage", w)),
             isolation=None if isolation is None else Isolation.from_json(isolation),
             network=None if network is None else Network.from_json(network),
+            denials=tuple(Denial.from_json(d) for d in _field(o, "denials", w)),
         )
 
 
