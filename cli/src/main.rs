@@ -23,11 +23,14 @@ mod args;
 mod bench;
 mod doctor;
 mod explain;
+mod health;
 mod input;
 mod manual;
 mod mcp;
 mod reload;
 mod selftest;
+mod sys;
+mod watch;
 
 /// The dedicated worker program, built by `build.rs` from the `airlock-worker` crate; empty
 /// if it could not be built, and then the supervisor execs this binary as its worker.
@@ -535,6 +538,8 @@ fn main() -> ExitCode {
         Command::Serve {
             policy,
             socket,
+            metrics,
+            metrics_allow_remote,
             socket_mode,
             socket_group,
             audit,
@@ -565,6 +570,10 @@ fn main() -> ExitCode {
                 config.allow_gids = allow_gids;
                 config.approver_uids = approver_uids;
                 config.approver_gids = approver_gids;
+                config.metrics = metrics.map(|addr| airlock::daemon::MetricsListen {
+                    addr,
+                    allow_remote: metrics_allow_remote,
+                });
                 if max_concurrent == 0 {
                     // The daemon would run one at a time: say so rather than differ.
                     anyhow::bail!("--max-concurrent (or AIRLOCK_MAX_CONCURRENT): at least 1");
@@ -581,6 +590,13 @@ fn main() -> ExitCode {
                     pool,
                 })
             }),
+        Command::Health {
+            socket,
+            live,
+            timeout,
+        } => units::parse_duration(&timeout)
+            .map_err(|e| anyhow::anyhow!("--timeout: {e}"))
+            .map(|timeout| health::run_health(&socket, live, timeout)),
         Command::Mcp(args) => mcp::run_mcp(&args),
         Command::Doctor(args) => doctor::run_doctor(&args),
         Command::Bench(args) => bench::run_bench(&args),
