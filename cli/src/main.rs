@@ -574,6 +574,10 @@ fn main() -> ExitCode {
                     addr,
                     allow_remote: metrics_allow_remote,
                 });
+                // Before the pools warm: a refused address is said at once.
+                if let Some(listen) = &config.metrics {
+                    listen.check()?;
+                }
                 if max_concurrent == 0 {
                     // The daemon would run one at a time: say so rather than differ.
                     anyhow::bail!("--max-concurrent (or AIRLOCK_MAX_CONCURRENT): at least 1");

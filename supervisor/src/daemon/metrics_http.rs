@@ -60,12 +60,20 @@ pub struct MetricsListen {
     pub allow_remote: bool,
 }
 
+impl MetricsListen {
+    /// Refuses a non-loopback address unless remote scrapes were allowed.
+    pub fn check(&self) -> Result<(), MetricsError> {
+        if !self.addr.ip().is_loopback() && !self.allow_remote {
+            return Err(MetricsError::NotLoopback { addr: self.addr });
+        }
+        Ok(())
+    }
+}
+
 /// Binds the metrics listener, refusing a non-loopback address unless allowed.
 pub(super) async fn bind(listen: MetricsListen) -> Result<TcpListener, MetricsError> {
+    listen.check()?;
     let addr = listen.addr;
-    if !addr.ip().is_loopback() && !listen.allow_remote {
-        return Err(MetricsError::NotLoopback { addr });
-    }
     TcpListener::bind(addr)
         .await
         .map_err(|source| MetricsError::Bind { addr, source })
