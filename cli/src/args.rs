@@ -2,7 +2,6 @@
 //! completions and the man page all come from these definitions, so they cannot disagree.
 
 use std::ffi::OsString;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -185,7 +184,7 @@ pub(crate) enum Command {
         /// Serve Prometheus metrics (`GET /metrics`) on this TCP address, such as
         /// 127.0.0.1:9464. Loopback only, unless --metrics-allow-remote.
         #[arg(long, env = "AIRLOCK_METRICS")]
-        metrics: Option<SocketAddr>,
+        metrics: Option<String>,
         /// Let --metrics listen on an address other hosts reach. The metrics have no
         /// authentication: whoever reaches the port sees the tool names and the traffic.
         #[arg(long, requires = "metrics")]
@@ -223,7 +222,8 @@ pub(crate) enum Command {
         #[arg(long, default_value = "10s")]
         grace: String,
         #[command(flatten)]
-        limits: ClientLimits,
+        // Boxed: the Serve variant is the largest of Command by far.
+        limits: Box<ClientLimits>,
         /// Host uid of the sandbox's root when running as root (default 65534).
         #[arg(long)]
         sandbox_uid: Option<u32>,

@@ -55,6 +55,19 @@ fn socket_mode_of(text: &str) -> anyhow::Result<u32> {
     Ok(mode)
 }
 
+/// `--metrics`: an IP address and port (a host name would be resolved to who knows what).
+fn metrics_listen(
+    text: &str,
+    allow_remote: bool,
+) -> anyhow::Result<airlock::daemon::MetricsListen> {
+    let addr = text.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "--metrics (or AIRLOCK_METRICS): {text:?} is not an IP address and port like 127.0.0.1:9464"
+        )
+    })?;
+    Ok(airlock::daemon::MetricsListen { addr, allow_remote })
+}
+
 /// `--socket-group`: a group name, or a gid.
 fn group_of(text: &str) -> anyhow::Result<u32> {
     if let Ok(gid) = text.parse::<u32>() {
@@ -570,10 +583,10 @@ fn main() -> ExitCode {
                 config.allow_gids = allow_gids;
                 config.approver_uids = approver_uids;
                 config.approver_gids = approver_gids;
-                config.metrics = metrics.map(|addr| airlock::daemon::MetricsListen {
-                    addr,
-                    allow_remote: metrics_allow_remote,
-                });
+                config.metrics = metrics
+                    .as_deref()
+                    .map(|text| metrics_listen(text, metrics_allow_remote))
+                    .transpose()?;
                 // Before the pools warm: a refused address is said at once.
                 if let Some(listen) = &config.metrics {
                     listen.check()?;

@@ -405,7 +405,10 @@ mod tests {
             let name: String = std::iter::repeat_n('a', n % 30 + 1).collect();
             metrics.record_denials([name.as_str()]);
         }
-        assert!(metrics.denials.len() <= MAX_DENIAL_LAYERS + 1);
+        let named = metrics.denial_layers.lock().unwrap().len();
+        assert_eq!(named, MAX_DENIAL_LAYERS);
+        assert_eq!(metrics.denial_layer("latecomer"), OTHER_LAYER);
+        assert_eq!(metrics.denial_layer("landlock"), "landlock");
     }
 
     #[test]
