@@ -20,6 +20,10 @@ use crate::sys::{InotifyFd, register_inotify};
 /// events, and the file is read once they have settled.
 const SETTLE: Duration = Duration::from_millis(200);
 
+/// The longest a change waits for the directory to settle: a directory that never stays
+/// quiet (another file in it written all the time) still gets its policy read.
+const MAX_SETTLE: Duration = Duration::from_secs(2);
+
 /// Why the policy file cannot be watched (or no longer is).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum WatchError {
@@ -90,15 +94,18 @@ impl PolicyWatch {
         Ok(Self { fd, dir })
     }
 
-    /// Waits for something in the directory to change, then for the changes to settle.
+    /// Waits for something in the directory to change, then for the changes to settle
+    /// (or [`MAX_SETTLE`], whichever comes first).
     pub(crate) async fn changed(&mut self) -> Result<(), WatchError> {
         self.next_events().await?;
-        loop {
+        let until = tokio::time::Instant::now() + MAX_SETTLE;
+        while tokio::time::Instant::now() < until {
             match tokio::time::timeout(SETTLE, self.next_events()).await {
                 Err(_settled) => return Ok(()),
                 Ok(more) => more?,
             }
         }
+        Ok(())
     }
 
     /// Waits for at least one event, and takes every event queued.
