@@ -174,12 +174,21 @@ pub(crate) enum Command {
     /// and the old one kept; unchanged profiles keep their pooled workers, the others'
     /// are killed and new ones warmed).
     Serve {
-        /// Policy file (reloaded on SIGHUP).
+        /// Policy file (reloaded on SIGHUP and when its text changes; an invalid one is
+        /// refused and the old policy kept).
         #[arg(long, env = "AIRLOCK_POLICY")]
         policy: PathBuf,
         /// Socket path (created with --socket-mode, default 0600).
         #[arg(long, env = "AIRLOCK_SOCKET")]
         socket: PathBuf,
+        /// Serve Prometheus metrics (`GET /metrics`) on this TCP address, such as
+        /// 127.0.0.1:9464. Loopback only, unless --metrics-allow-remote.
+        #[arg(long, env = "AIRLOCK_METRICS")]
+        metrics: Option<String>,
+        /// Let --metrics listen on an address other hosts reach. The metrics have no
+        /// authentication: whoever reaches the port sees the tool names and the traffic.
+        #[arg(long, requires = "metrics")]
+        metrics_allow_remote: bool,
         /// The socket's mode, octal: 0600 (only this uid reaches it) or 0660 (with
         /// --socket-group, so an --allow-gid group can connect). Wider is refused.
         #[arg(long, default_value = "0600")]
@@ -213,7 +222,8 @@ pub(crate) enum Command {
         #[arg(long, default_value = "10s")]
         grace: String,
         #[command(flatten)]
-        limits: ClientLimits,
+        // Boxed: the Serve variant is the largest of Command by far.
+        limits: Box<ClientLimits>,
         /// Host uid of the sandbox's root when running as root (default 65534).
         #[arg(long)]
         sandbox_uid: Option<u32>,
@@ -225,6 +235,19 @@ pub(crate) enum Command {
         /// (default 4 × --pool); it halves back towards --pool after 10 s without one.
         #[arg(long)]
         pool_max: Option<usize>,
+    },
+    /// Probe a running `airlock serve`: exit 0 when it answers and is ready (policy loaded,
+    /// pools warm), 1 otherwise with the reason on stderr.
+    Health {
+        /// The daemon's socket.
+        #[arg(long, env = "AIRLOCK_SOCKET")]
+        socket: PathBuf,
+        /// Liveness only: exit 0 when the daemon answers at all, ready or not.
+        #[arg(long)]
+        live: bool,
+        /// How long to wait for the answer.
+        #[arg(long, default_value = "5s")]
+        timeout: String,
     },
     /// Serve the gate to one MCP client over stdin and stdout (JSON-RPC lines): the active
     /// tools with the schemas the gate enforces, every call through the gate and a sandbox.

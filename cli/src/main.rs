@@ -23,11 +23,14 @@ mod args;
 mod bench;
 mod doctor;
 mod explain;
+mod health;
 mod input;
 mod manual;
 mod mcp;
 mod reload;
 mod selftest;
+mod sys;
+mod watch;
 
 /// The dedicated worker program, built by `build.rs` from the `airlock-worker` crate; empty
 /// if it could not be built, and then the supervisor execs this binary as its worker.
@@ -50,6 +53,19 @@ fn socket_mode_of(text: &str) -> anyhow::Result<u32> {
         anyhow::bail!("--socket-mode: {text} gives more than owner and group read-write (0660)");
     }
     Ok(mode)
+}
+
+/// `--metrics`: an IP address and port (a host name would be resolved to who knows what).
+fn metrics_listen(
+    text: &str,
+    allow_remote: bool,
+) -> anyhow::Result<airlock::daemon::MetricsListen> {
+    let addr = text.parse().map_err(|_| {
+        anyhow::anyhow!(
+            "--metrics (or AIRLOCK_METRICS): {text:?} is not an IP address and port like 127.0.0.1:9464"
+        )
+    })?;
+    Ok(airlock::daemon::MetricsListen { addr, allow_remote })
 }
 
 /// `--socket-group`: a group name, or a gid.
@@ -535,6 +551,8 @@ fn main() -> ExitCode {
         Command::Serve {
             policy,
             socket,
+            metrics,
+            metrics_allow_remote,
             socket_mode,
             socket_group,
             audit,
@@ -565,6 +583,14 @@ fn main() -> ExitCode {
                 config.allow_gids = allow_gids;
                 config.approver_uids = approver_uids;
                 config.approver_gids = approver_gids;
+                config.metrics = metrics
+                    .as_deref()
+                    .map(|text| metrics_listen(text, metrics_allow_remote))
+                    .transpose()?;
+                // Before the pools warm: a refused address is said at once.
+                if let Some(listen) = &config.metrics {
+                    listen.check()?;
+                }
                 if max_concurrent == 0 {
                     // The daemon would run one at a time: say so rather than differ.
                     anyhow::bail!("--max-concurrent (or AIRLOCK_MAX_CONCURRENT): at least 1");
@@ -581,6 +607,13 @@ fn main() -> ExitCode {
                     pool,
                 })
             }),
+        Command::Health {
+            socket,
+            live,
+            timeout,
+        } => units::parse_duration(&timeout)
+            .map_err(|e| anyhow::anyhow!("--timeout: {e}"))
+            .map(|timeout| health::run_health(&socket, live, timeout)),
         Command::Mcp(args) => mcp::run_mcp(&args),
         Command::Doctor(args) => doctor::run_doctor(&args),
         Command::Bench(args) => bench::run_bench(&args),

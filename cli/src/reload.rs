@@ -1,5 +1,5 @@
-//! The signals of `airlock serve` and `airlock mcp`: SIGHUP reloads the policy, SIGTERM and
-//! SIGINT stop.
+//! The signals of `airlock serve` and `airlock mcp`: SIGHUP reloads the policy, and so does
+//! a change of its file; SIGTERM and SIGINT stop.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -7,6 +7,8 @@ use std::sync::Arc;
 use airlock::pool::PoolSize;
 use airlock::{CancelSignal, Gate, Supervisor};
 use airlock_policy::PolicyError;
+
+use crate::watch::{PolicyWatch, WatchError};
 
 /// Reloads the policy file into `gate`; an invalid file is refused (logged) and the old
 /// policy kept. Unchanged profiles keep their pooled workers; changed and removed ones'
@@ -42,8 +44,38 @@ pub(crate) async fn reload_policy(
     }
 }
 
+/// What the file watch last saw of the policy file.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The SHA-256 of a text that was refused (its refusal is logged once, not at every
+    /// later change in the directory).
+    refused: Option<String>,
+}
+
+impl Seen {
+    /// The file's digest when its text differs from the policy in force and from the text
+    /// last refused. An unreadable file counts as a change: its reload is refused, logged.
+    fn differs(&self, path: &Path, gate: &Gate) -> Option<String> {
+        let digest = match std::fs::read(path) {
+            Ok(text) => airlock_policy::compile::sha256_hex(&text),
+            Err(e) => format!("unreadable: {}", e.kind()),
+        };
+        let known = digest == gate.policy().version || self.refused.as_ref() == Some(&digest);
+        (!known).then_some(digest)
+    }
+}
+
+/// The next settled change of the watched directory; never, without a watch.
+async fn next_change(watch: &mut Option<PolicyWatch>) -> Result<(), WatchError> {
+    match watch {
+        Some(watch) => watch.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Watches the signals until SIGTERM or SIGINT, which trigger `stop`. Each SIGHUP reloads
-/// the policy at `path` into `gate`; the receiver counts the reloads that took effect.
+/// the policy at `path` into `gate`, and so does a change of the file's text (watched
+/// through its directory; see `watch`); the receiver counts the reloads that took effect.
 pub(crate) fn watch_signals(
     path: &Path,
     gate: &Arc<Gate>,
@@ -59,6 +91,12 @@ pub(crate) fn watch_signals(
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut hangup = signal(SignalKind::hangup())?;
     let (reloaded, reloads) = tokio::sync::watch::channel(0u64);
+    // Without a watch (no inotify descriptors left, say) SIGHUP still reloads: worth an
+    // error in the log, not a refusal to serve.
+    let mut watch = PolicyWatch::new(path)
+        .map_err(|e| tracing::error!(error = %anyhow::Error::from(e), "policy file changes will not be noticed; send SIGHUP to reload"))
+        .ok();
+    let mut seen = Seen::default();
     let (path, gate, supervisor, stop) = (
         path.to_path_buf(),
         Arc::clone(gate),
@@ -71,10 +109,28 @@ pub(crate) fn watch_signals(
                 _ = term.recv() => break,
                 _ = interrupt.recv() => break,
                 _ = hangup.recv() => {
+                    seen = Seen::default();
                     if reload_policy(&path, &gate, &supervisor, pool).await {
                         reloaded.send_modify(|n| *n += 1);
                     }
                 }
+                changed = next_change(&mut watch) => match changed {
+                    Ok(()) => {
+                        if let Some(digest) = seen.differs(&path, &gate) {
+                            tracing::info!(policy = %path.display(), "policy file changed");
+                            if reload_policy(&path, &gate, &supervisor, pool).await {
+                                seen.refused = None;
+                                reloaded.send_modify(|n| *n += 1);
+                            } else {
+                                seen.refused = Some(digest);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %anyhow::Error::from(e), "policy file changes will not be noticed; send SIGHUP to reload");
+                        watch = None;
+                    }
+                },
             }
         }
         stop.cancel();

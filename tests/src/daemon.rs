@@ -64,6 +64,12 @@ impl Daemon {
     pub fn start_with(policy_text: &str, extra: &[&str]) -> Self {
         let scratch = Scratch::new("daemon");
         let policy = scratch.write("policy.toml", policy_text);
+        Self::start_from(scratch, policy, extra)
+    }
+
+    /// Serves the policy file at `policy` (anywhere, a symlink say) with `extra` flags, its
+    /// socket in `scratch`, which it keeps until dropped.
+    pub fn start_from(scratch: Scratch, policy: PathBuf, extra: &[&str]) -> Self {
         let socket = scratch.0.join("airlock.sock");
         let mut child = Command::new(airlock_bin())
             .args(["serve", "--policy"])
@@ -104,6 +110,11 @@ impl Daemon {
     pub fn signal(&self, signal: i32) {
         // SAFETY: kill on our own child's pid.
         assert_eq!(unsafe { libc::kill(self.child.id() as i32, signal) }, 0);
+    }
+
+    /// How many times the daemon has logged `text` so far.
+    pub fn logged(&self, text: &str) -> usize {
+        self.log.lock().unwrap().matches(text).count()
     }
 
     /// Waits until the daemon has logged a line containing `text`.

@@ -221,6 +221,10 @@ export interface Health {
   version: string;
   protocol_version: 1;
   policy_version: string;
+  /** Ready for calls (policy loaded, pools warm); absent from daemons older than it. */
+  ready?: boolean;
+  /** Why the daemon is not ready; null when it is. */
+  not_ready?: string | null;
 }
 
 export interface Stats {

@@ -63,6 +63,7 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
             let admitted = match shared.gate.admit(&call, &opts) {
                 Ok(admitted) => admitted,
                 Err(result) => {
+                    counted(shared, &result);
                     answers.send(reply(json!({"result": result})), None).await;
                     return;
                 }
@@ -78,6 +79,7 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
                     ),
                 );
                 let result = shared.gate.refuse(&call, &opts, error);
+                counted(shared, &result);
                 answers.send(reply(json!({"result": result})), None).await;
                 return;
             }
@@ -182,11 +184,14 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
             answers.send(reply(body), None).await;
         }
         Op::Health => {
+            let ready = super::readiness(shared);
             let body = json!({"result": {
                 "ok": true,
                 "version": env!("CARGO_PKG_VERSION"),
                 "protocol_version": super::DAEMON_PROTOCOL_VERSION,
                 "policy_version": shared.gate.policy().version,
+                "ready": ready.is_ok(),
+                "not_ready": ready.err(),
             }});
             answers.send(reply(body), None).await;
         }
@@ -207,10 +212,7 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
 fn stats(shared: &Shared) -> Value {
     let s = &shared.stats;
     let config = &shared.config;
-    let connections_open = config
-        .max_connections
-        .max(1)
-        .saturating_sub(shared.connections.available_permits());
+    let connections_open = super::connections_open(shared);
     let output_taken =
         super::output_budget(config).saturating_sub(shared.output.available_permits());
     json!({"result": {
@@ -237,6 +239,11 @@ fn stats(shared: &Shared) -> Value {
         "max_queued": config.max_queued,
         "sessions_open": shared.gate.sessions().map_or(0, |s| s.count()),
     }})
+}
+
+/// Counts a result record answered for a `call` or `execute` (metrics).
+fn counted(shared: &Shared, result: &ToolResult) {
+    shared.metrics.record_result(&shared.gate.policy(), result);
 }
 
 /// The gate's call and options for a `call` or `propose` request.
@@ -319,6 +326,7 @@ where
             ..ToolError::new(ErrorKind::Overloaded, message)
         };
         let result = shared.gate.refuse(&admission.call, &refused_opts, error);
+        counted(shared, &result);
         json!({"result": result})
     };
     if shared.shutdown.is_cancelled() {
@@ -358,6 +366,7 @@ where
     // admitted, and their tasks raced for it — the second could run while the first
     // waited, beyond --max-queued 0 (seen once in the VM matrix under emulation). Tokio's
     // semaphore hands released permits to waiters first, so this never jumps the queue.
+    let queued_at = std::time::Instant::now();
     let slot = Arc::clone(&shared.slots).try_acquire_owned().ok();
     let waiting = if slot.is_none() {
         shared.stats.queued.fetch_add(1, Ordering::SeqCst)
@@ -398,10 +407,13 @@ where
                 let error = ToolError::new(ErrorKind::Cancelled, "cancelled while queued");
                 let call = &admission.call;
                 let result = ToolResult::rejected(&call.call_id, &call.tool, error);
+                counted(&shared, &result);
                 (json!({"result": result}), None)
             }
             Some(permit) => {
+                shared.metrics.observe_queue(queued_at.elapsed());
                 let result = run_admitted(&shared, &signal, arguments, run, opts).await;
+                counted(&shared, &result);
                 (json!({"result": result}), Some(permit))
             }
         };
@@ -446,7 +458,12 @@ where
         cancel: Some(combined),
         ..opts
     };
+    let started = std::time::Instant::now();
     let result = run(&shared.gate, opts).await;
+    let policy = shared.gate.policy();
+    shared
+        .metrics
+        .observe_run(&policy, &result.tool, started.elapsed());
     relay.abort();
     drop(arguments);
     shared.stats.in_flight.fetch_sub(1, Ordering::SeqCst);

@@ -19,12 +19,14 @@ mod budget;
 mod client;
 mod connection;
 mod dispatch;
+mod metrics;
+mod metrics_http;
 mod sessions;
 mod wire;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::net::UnixListener;
@@ -34,6 +36,7 @@ use crate::cancel::CancelSignal;
 use crate::gate::Gate;
 
 pub use client::{DaemonClient, ToolResultJson};
+pub use metrics_http::{MetricsError, MetricsListen};
 pub use wire::{
     CallRequest, CancelRequest, ExecuteRequest, FrameRequest, FrameResponse, GetFileRequest,
     MAX_ID_BYTES, MAX_REQUEST_BYTES, Op, PutFileRequest, RejectRequest, RequestError,
@@ -72,6 +75,9 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    /// The metrics listener could not start.
+    #[error("cannot serve metrics")]
+    Metrics(#[from] MetricsError),
 }
 
 /// Daemon settings.
@@ -109,6 +115,8 @@ pub struct DaemonConfig {
     /// A connection whose client takes no bytes of an answer for this long is closed and
     /// its calls cancelled.
     pub write_timeout: Duration,
+    /// Where to answer Prometheus scrapes (`GET /metrics`), if anywhere.
+    pub metrics: Option<MetricsListen>,
 }
 
 impl DaemonConfig {
@@ -129,6 +137,7 @@ impl DaemonConfig {
             max_input_bytes: 16 << 20,
             max_output_bytes: 16 << 20,
             write_timeout: Duration::from_secs(10),
+            metrics: None,
         }
     }
 }
@@ -176,6 +185,39 @@ struct Shared {
     stats: Stats,
     shutdown: CancelSignal,
     calls: CancelSignal,
+    metrics: metrics::Metrics,
+    /// Latched once the pools first held their target of idle workers: readiness then
+    /// stays, so a burst that empties the pools does not take the daemon out of service.
+    warmed: AtomicBool,
+}
+
+/// Client connections open now.
+fn connections_open(shared: &Shared) -> usize {
+    shared
+        .config
+        .max_connections
+        .max(1)
+        .saturating_sub(shared.connections.available_permits())
+}
+
+/// Whether the daemon is ready for calls: it serves a policy (it never runs without one),
+/// is not stopping, and its pools have been warm. `Err` says why not.
+fn readiness(shared: &Shared) -> Result<(), String> {
+    if shared.shutdown.is_cancelled() {
+        return Err("the daemon is shutting down".into());
+    }
+    if shared.warmed.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let pool = shared.gate.supervisor().pool_stats();
+    if pool.idle < pool.idle_target {
+        return Err(format!(
+            "pools warming: {} of {} idle workers",
+            pool.idle, pool.idle_target
+        ));
+    }
+    shared.warmed.store(true, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Serves `gate` on `config.socket` until `stop` is triggered, then drains in-flight calls
@@ -185,6 +227,10 @@ pub async fn serve(
     config: DaemonConfig,
     stop: CancelSignal,
 ) -> Result<(), DaemonError> {
+    let metrics_listener = match config.metrics {
+        Some(listen) => Some(metrics_http::bind(listen).await?),
+        None => None,
+    };
     let path = config.socket.clone();
     let display = path.display().to_string();
     // Bind under a temporary name, set 0600, then rename into place: the socket never
@@ -228,8 +274,20 @@ pub async fn serve(
         stats: Stats::default(),
         shutdown: stop.clone(),
         calls: CancelSignal::new(),
+        metrics: metrics::Metrics::new(),
+        warmed: AtomicBool::new(false),
     });
     tracing::info!(socket = %path.display(), "airlock daemon listening");
+    let metrics_task = metrics_listener.map(|listener| {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "metrics listening");
+        }
+        tokio::spawn(metrics_http::serve(
+            listener,
+            Arc::clone(&shared),
+            stop.clone(),
+        ))
+    });
     let sweeper = sessions::keep_sweeping(&shared.gate);
     loop {
         tokio::select! {
@@ -268,6 +326,9 @@ pub async fn serve(
     }
     if let Some(sweeper) = sweeper {
         sweeper.abort();
+    }
+    if let Some(task) = metrics_task {
+        task.abort();
     }
     if let Some(sessions) = shared.gate.sessions() {
         sessions.close_all();

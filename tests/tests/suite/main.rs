@@ -30,6 +30,7 @@ mod logs;
 mod mcp;
 mod mounts;
 mod network;
+mod operations;
 mod pool;
 mod protocol_hostile;
 mod soak;

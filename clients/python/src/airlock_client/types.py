@@ -471,12 +471,15 @@ class DryRun:
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    """The ``health`` answer: airlock's release and the wire contract's version."""
+    """The ``health`` answer: airlock's release, the wire contract's version, and readiness
+    (``ready`` is None from a daemon older than it)."""
 
     ok: bool
     version: str
     protocol_version: int
     policy_version: str
+    ready: bool | None = None
+    not_ready: str | None = None
 
     @classmethod
     def from_json(cls, value: Any) -> Health:
@@ -487,6 +490,8 @@ class Health:
             version=_field(o, "version", w),
             protocol_version=_field(o, "protocol_version", w),
             policy_version=_field(o, "policy_version", w),
+            ready=o.get("ready"),
+            not_ready=o.get("not_ready"),
         )
 
 
