@@ -142,6 +142,19 @@ pub enum DenialLayer {
     Limit,
 }
 
+impl DenialLayer {
+    /// The layer's name as the record spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Seccomp => "seccomp",
+            Self::Landlock => "landlock",
+            Self::Mounts => "mounts",
+            Self::Network => "network",
+            Self::Limit => "limit",
+        }
+    }
+}
+
 /// One kind of refusal during a call, counted: which layer refused what.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Denial {

@@ -279,8 +279,7 @@ impl Metrics {
             ("outcome", outcome),
         ];
         self.calls.get_or_create(&labels).inc();
-        // Where the result's list of refused operations goes (each entry's layer name):
-        // `self.record_denials(result.denials.iter().map(|d| d.layer.as_str()))`.
+        self.record_denials(result.denials.iter().map(|d| (d.layer.as_str(), d.count)));
     }
 
     /// A call's wait for a concurrency slot.
@@ -305,15 +304,14 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Counts the denials of one call, one layer name each (`landlock`, `seccomp`, ...).
-    /// Layer names come from the supervisor, never from a client; still, a name that is not
-    /// a short lower-case word, or one past the first [`MAX_DENIAL_LAYERS`], counts as
-    /// `other`, so the series stay bounded whatever a caller passes.
-    #[allow(dead_code)]
-    pub(super) fn record_denials<'a>(&self, layers: impl IntoIterator<Item = &'a str>) {
-        for layer in layers {
+    /// Counts the denials of one call: each line's layer name (`landlock`, `seccomp`, ...)
+    /// and count. Layer names come from the supervisor, never from a client; still, a name
+    /// that is not a short lower-case word, or one past the first [`MAX_DENIAL_LAYERS`],
+    /// counts as `other`, so the series stay bounded whatever a caller passes.
+    pub(super) fn record_denials<'a>(&self, layers: impl IntoIterator<Item = (&'a str, u64)>) {
+        for (layer, count) in layers {
             let label = self.denial_layer(layer);
-            self.denials.get_or_create(&[("layer", label)]).inc();
+            self.denials.get_or_create(&[("layer", label)]).inc_by(count);
         }
     }
 
@@ -403,12 +401,43 @@ mod tests {
         assert_eq!(metrics.denial_layer(""), OTHER_LAYER);
         for n in 0..100 {
             let name: String = std::iter::repeat_n('a', n % 30 + 1).collect();
-            metrics.record_denials([name.as_str()]);
+            metrics.record_denials([(name.as_str(), 1)]);
         }
         let named = metrics.denial_layers.lock().unwrap().len();
         assert_eq!(named, MAX_DENIAL_LAYERS);
         assert_eq!(metrics.denial_layer("latecomer"), OTHER_LAYER);
         assert_eq!(metrics.denial_layer("landlock"), "landlock");
+    }
+
+    #[test]
+    fn a_results_denials_are_counted_by_layer_and_count() {
+        use crate::result::{Denial, DenialLayer, ErrorKind, ToolError};
+        let metrics = Metrics::new();
+        let policy = airlock_policy::load_policy_str("version = 1\n", "m.toml")
+            .map(|loaded| loaded.policy)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut result = ToolResult::rejected("c", "t", ToolError::new(ErrorKind::Timeout, ""));
+        let line = |layer, count| Denial {
+            layer,
+            object: "x".into(),
+            errno: None,
+            rule: None,
+            count,
+        };
+        result.denials = vec![
+            line(DenialLayer::Seccomp, 3),
+            line(DenialLayer::Seccomp, 2),
+            line(DenialLayer::Limit, 1),
+        ];
+        metrics.record_result(&policy, &result);
+        let count = |layer: &str| {
+            metrics
+                .denials
+                .get_or_create(&[("layer", layer.to_string())])
+                .get()
+        };
+        assert_eq!(count("seccomp"), 5);
+        assert_eq!(count("limit"), 1);
     }
 
     #[test]
