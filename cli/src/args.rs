@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use airlock_policy::units;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::{bench, doctor, explain, mcp, selftest};
+use crate::{bench, doctor, explain, learn, mcp, selftest};
 
 /// What `airlock serve` holds for its clients, at most, summed over all of them.
 #[derive(Debug, clap::Args)]
@@ -268,6 +268,9 @@ pub(crate) enum Command {
     Doctor(doctor::DoctorArgs),
     /// Explain the effective sandbox of a tool or profile in plain words.
     Explain(explain::ExplainArgs),
+    /// Run a command once, watched, and write the profile that is just enough for it (or,
+    /// with --policy, what its profile would need added, with the evidence for each line).
+    Learn(learn::LearnArgs),
     /// Run the escape battery on this host with this build; exit 0 only if every attack is
     /// stopped the expected way.
     Selftest(selftest::SelftestArgs),

@@ -25,6 +25,7 @@ mod doctor;
 mod explain;
 mod health;
 mod input;
+mod learn;
 mod manual;
 mod mcp;
 mod reload;
@@ -618,6 +619,7 @@ fn main() -> ExitCode {
         Command::Doctor(args) => doctor::run_doctor(&args),
         Command::Bench(args) => bench::run_bench(&args),
         Command::Explain(args) => Ok(explain::run_explain(&args)),
+        Command::Learn(args) => Ok(learn::run_learn(&args)),
         Command::Selftest(args) => selftest::run_selftest(&args),
         Command::Completions { shell } => manual::completions(shell),
         Command::Man { subcommand } => manual::man_page(subcommand.as_deref()),

@@ -36,7 +36,8 @@ mod program;
 mod tables;
 
 pub use program::{
-    Form, compile_seccomp_program, compile_seccomp_program_as, digest_program, notified_refusal,
+    Form, OBSERVED, OUTSIDE_ALLOWLIST, compile_seccomp_program, compile_seccomp_program_as,
+    digest_program, notified_refusal,
 };
 pub use tables::{DEFAULT_ALLOW, DENIED_EPERM_GROUPS, denied_eperm, is_never_allowed};
 
@@ -87,29 +88,64 @@ pub struct Refusal {
     pub rule: Option<&'static str>,
 }
 
-/// What `program` (the reporting form) decides for a syscall the kernel handed over, read
-/// from the same program the kernel ran, so the answer is the one the errno form gives.
-/// `None` when the program does not hand this syscall over: the caller must still refuse
-/// it, never let it run.
+/// Why a program handed a syscall to the supervisor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notified {
+    /// It is refused: answer with the refusal's errno.
+    Refused(Refusal),
+    /// Learning form: a syscall naming a path or destination, allowed by the profile.
+    Observed {
+        /// Its name.
+        syscall: &'static str,
+    },
+    /// Learning form: a syscall the profile does not allow but could.
+    OutsideAllowlist {
+        /// Its name.
+        syscall: &'static str,
+    },
+}
+
+/// What `program` (a reporting or learning form) decides for a syscall the kernel handed
+/// over, read from the same program the kernel ran, so the answer is the one the errno
+/// form gives. `None` when the program does not hand this syscall over: the caller must
+/// still refuse it, never let it run.
+pub fn notification_of(
+    program: &[BpfInstruction],
+    arch: u32,
+    nr: u32,
+    args: [u64; 6],
+) -> Option<Notified> {
+    let interpret::Verdict::Notify(data) = interpret::evaluate(program, arch, nr, args) else {
+        return None;
+    };
+    let name = crate::syscalls::SYSCALLS
+        .iter()
+        .find(|(_, n)| u32::try_from(*n).ok() == Some(nr))
+        .map(|(name, _)| *name);
+    match (notified_refusal(data), name) {
+        ((0, 0), Some(syscall)) => Some(Notified::Observed { syscall }),
+        ((0, program::OUTSIDE_ALLOWLIST), Some(syscall)) => {
+            Some(Notified::OutsideAllowlist { syscall })
+        }
+        ((0, _), _) => None,
+        ((errno, ordinal), syscall) => Some(Notified::Refused(Refusal {
+            syscall,
+            nr,
+            errno,
+            rule: args::rule_label(nr, ordinal),
+        })),
+    }
+}
+
+/// [`notification_of`] for a refusal only.
 pub fn refusal_of(
     program: &[BpfInstruction],
     arch: u32,
     nr: u32,
     args: [u64; 6],
 ) -> Option<Refusal> {
-    match interpret::evaluate(program, arch, nr, args) {
-        interpret::Verdict::Notify(data) => {
-            let (errno, ordinal) = notified_refusal(data);
-            Some(Refusal {
-                syscall: crate::syscalls::SYSCALLS
-                    .iter()
-                    .find(|(_, n)| u32::try_from(*n).ok() == Some(nr))
-                    .map(|(name, _)| *name),
-                nr,
-                errno,
-                rule: args::rule_label(nr, ordinal),
-            })
-        }
+    match notification_of(program, arch, nr, args)? {
+        Notified::Refused(refusal) => Some(refusal),
         _ => None,
     }
 }

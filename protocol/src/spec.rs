@@ -179,6 +179,8 @@ const RET_ACTION: u32 = 0xffff_0000;
 /// The errno's bits of a refusal's data; the bits above name the argument rule.
 const ERRNO_MASK: u32 = 0x0fff;
 const BPF_RET_K: u16 = 0x06;
+/// Linux's `ENOSYS` on every architecture.
+const ENOSYS: u32 = 38;
 
 impl SeccompSpec {
     /// The program that refuses what [`SeccompSpec::program`] refuses, with the same errnos,
@@ -189,6 +191,14 @@ impl SeccompSpec {
         self.program
             .iter()
             .map(|i| match i.code {
+                // Errno 0 hands a syscall over to be let through (a profile being learned):
+                // without a listener it fails instead, never runs unwatched.
+                BPF_RET_K if i.k & RET_ACTION == RET_USER_NOTIF && i.k & ERRNO_MASK == 0 => {
+                    BpfInstruction {
+                        k: RET_ERRNO | ENOSYS,
+                        ..*i
+                    }
+                }
                 BPF_RET_K if i.k & RET_ACTION == RET_USER_NOTIF => BpfInstruction {
                     k: RET_ERRNO | (i.k & ERRNO_MASK),
                     ..*i

@@ -15,9 +15,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use airlock_policy::CompiledProfile;
+use airlock_policy::seccomp::Notified;
 use tokio::io::unix::AsyncFd;
 
 use crate::egress::EgressSummary;
+use crate::observe::{self, ObservationLog};
 use crate::result::{Denial, DenialLayer, ErrorKind, ToolResult};
 use crate::sys::{self, ListenerState};
 
@@ -110,7 +112,13 @@ impl SeccompWatch {
     /// Starts answering `listener` for a worker of `profile`, whose filter is the
     /// profile's program (the reporting form). `None` when the runtime cannot watch it; the listener is closed then, and the
     /// worker's refusals fail with `ENOSYS` instead of their own errno.
-    pub fn start(listener: OwnedFd, profile: Arc<CompiledProfile>) -> Option<Self> {
+    /// With `learning`, syscalls the program hands over to be observed (the learning form)
+    /// are recorded there and let run; without, they are refused like any other.
+    pub fn start(
+        listener: OwnedFd,
+        profile: Arc<CompiledProfile>,
+        learning: Option<ObservationLog>,
+    ) -> Option<Self> {
         let listener = match sys::register_async_fd(listener) {
             Ok(listener) => listener,
             Err(error) => {
@@ -119,7 +127,7 @@ impl SeccompWatch {
             }
         };
         let counted = Arc::new(Mutex::new(SyscallDenials::default()));
-        let task = tokio::spawn(answer(listener, profile, Arc::clone(&counted)));
+        let task = tokio::spawn(answer(listener, profile, Arc::clone(&counted), learning));
         Some(Self { counted, task })
     }
 
@@ -144,6 +152,7 @@ async fn answer(
     listener: AsyncFd<OwnedFd>,
     profile: Arc<CompiledProfile>,
     counted: Arc<Mutex<SyscallDenials>>,
+    learning: Option<ObservationLog>,
 ) {
     loop {
         let Ok(mut guard) = listener.readable().await else {
@@ -163,23 +172,35 @@ async fn answer(
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
                 Err(_) => return,
             };
-            let refusal = airlock_policy::seccomp::refusal_of(
+            let notified = airlock_policy::seccomp::notification_of(
                 &profile.spec.seccomp.program,
                 notification.arch,
                 notification.nr,
                 notification.args,
             );
             // A syscall the program does not hand over cannot arrive here; if one did, it
-            // is refused all the same (never let run) and not listed.
-            let errno = match &refusal {
-                Some(refusal) => {
+            // is refused all the same (never let run) and not listed. So is one handed over
+            // to be observed when this run is not learning.
+            let errno = match (&notified, &learning) {
+                (Some(Notified::Refused(refusal)), _) => {
                     counted
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .record(refusal);
                     i32::try_from(refusal.errno).unwrap_or(libc::EPERM)
                 }
-                None => libc::EPERM,
+                (Some(Notified::Observed { syscall }), Some(log)) => {
+                    observe::observe(log, syscall, &notification);
+                    let _ = sys::continue_notification(fd, notification.id);
+                    continue;
+                }
+                (Some(Notified::OutsideAllowlist { syscall }), Some(log)) => {
+                    observe::outside_allowlist(log, syscall);
+                    observe::observe(log, syscall, &notification);
+                    let _ = sys::continue_notification(fd, notification.id);
+                    continue;
+                }
+                _ => libc::EPERM,
             };
             // ENOENT: the process went away meanwhile; nothing else can fail here.
             let _ = sys::refuse_notification(fd, notification.id, errno);

@@ -54,6 +54,7 @@ mod egress_audit;
 pub mod gate;
 pub mod listing;
 pub mod mcp;
+pub mod observe;
 pub mod pool;
 mod rate;
 pub mod result;

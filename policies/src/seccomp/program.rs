@@ -31,8 +31,9 @@ const BPF_MAXINSNS: usize = 4096;
 /// (little-endian).
 const SECCOMP_DATA_ARGS: u32 = 16;
 
-/// Which of the program's two forms to build. They differ only in the value of the returns
-/// that refuse a syscall, so the same syscalls are refused with the same errnos.
+/// Which form of the program to build. The errno and reporting forms differ only in the
+/// value of the returns that refuse a syscall, so they refuse the same syscalls with the
+/// same errnos.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Form {
     /// Refusals return `SECCOMP_RET_ERRNO | errno`: the kernel answers them alone.
@@ -43,12 +44,64 @@ pub enum Form {
     /// kernel ignores a notification's data bits, and a filter whose listener is gone fails
     /// the syscall (`ENOSYS`): never allowed.
     Reporting,
+    /// `airlock learn`'s form: the reporting form, and besides, the syscalls that name a
+    /// path or a destination ([`OBSERVED`]) and those outside the allowlist that a profile
+    /// could allow are handed over too, with errno 0: the supervisor records them and lets
+    /// them run. Only a supervisor learning a profile answers so, and it says the command ran
+    /// less confined than its profile.
+    Learning,
 }
+
+/// The argument-rule ordinal that marks, in the learning form, a syscall outside the
+/// allowlist (errno 0): let through while learning, and a candidate for `syscalls.allow`.
+pub const OUTSIDE_ALLOWLIST: u32 = 15;
+
+/// Syscalls whose arguments name a path or a destination: the learning form hands them to
+/// the supervisor, which reads what they name.
+pub const OBSERVED: [&str; 35] = [
+    "open",
+    "openat",
+    "openat2",
+    "creat",
+    "execve",
+    "execveat",
+    "stat",
+    "lstat",
+    "newfstatat",
+    "statx",
+    "access",
+    "faccessat",
+    "faccessat2",
+    "readlink",
+    "readlinkat",
+    "mkdir",
+    "mkdirat",
+    "unlink",
+    "unlinkat",
+    "rmdir",
+    "rename",
+    "renameat",
+    "renameat2",
+    "symlink",
+    "symlinkat",
+    "link",
+    "linkat",
+    "chdir",
+    "truncate",
+    "chmod",
+    "fchmodat",
+    "utimensat",
+    "connect",
+    "bind",
+    "sendto",
+];
 
 /// What the program does with one syscall number.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Action {
     Allow,
+    /// Learning form only: handed over with this data (errno 0), and let run.
+    Observe(u32),
     Errno(u32),
     /// Refused with this errno in both forms, never reported: a refusal that runtimes meet
     /// on every process start and expect (see [`QUIET`]).
@@ -105,6 +158,64 @@ fn action_runs(policy: &SyscallPolicy) -> Result<Vec<(u32, Action)>, SeccompErro
     Ok(runs)
 }
 
+/// The learning form's runs: [`action_runs`] with the observed syscalls handed over and
+/// the allowable ones outside the allowlist let through after being handed over.
+fn learning_runs(policy: &SyscallPolicy) -> Result<Vec<(u32, Action)>, SeccompError> {
+    let mut widened = policy.clone();
+    for (name, _) in crate::syscalls::SYSCALLS {
+        if !super::is_never_allowed(name)
+            && !policy.allow.contains(*name)
+            && !policy.deny.contains(*name)
+        {
+            widened.allow.insert((*name).to_string());
+        }
+    }
+    let runs = action_runs(&widened)?;
+    let outside: std::collections::BTreeSet<u32> = widened
+        .allow
+        .iter()
+        .filter(|name| !policy.allow.contains(*name))
+        .map(|name| number(name))
+        .collect::<Result<_, _>>()?;
+    let observed: std::collections::BTreeSet<u32> = OBSERVED
+        .iter()
+        .map(|name| number(name))
+        .collect::<Result<_, _>>()?;
+    // Split the runs back into single numbers where the learning form differs, then let
+    // `push_run` merge equal neighbours again.
+    let mut per_number: Vec<(u32, Action)> = Vec::new();
+    for (i, (start, action)) in runs.iter().enumerate() {
+        let end = runs.get(i + 1).map_or(*start + 1, |(next, _)| *next);
+        for nr in *start..end {
+            let mark = if outside.contains(&nr) {
+                Some(OUTSIDE_ALLOWLIST << ERRNO_BITS)
+            } else if observed.contains(&nr) {
+                Some(0)
+            } else {
+                None
+            };
+            let action = match (mark, action) {
+                (Some(data), Action::Allow) => Action::Observe(data),
+                (Some(data), Action::Checked { rules, otherwise })
+                    if **otherwise == Action::Allow =>
+                {
+                    Action::Checked {
+                        rules: rules.clone(),
+                        otherwise: Box::new(Action::Observe(data)),
+                    }
+                }
+                (_, action) => action.clone(),
+            };
+            per_number.push((nr, action));
+        }
+    }
+    let mut merged = Vec::new();
+    for (nr, action) in per_number {
+        push_run(&mut merged, nr, action);
+    }
+    Ok(merged)
+}
+
 /// Refusals that are the expected first step of a fallback, not a tool's mistake: glibc
 /// tries `clone3` for every thread and child and falls back to `clone` (checked like any
 /// syscall) on `ENOSYS`. Reporting it would add a round trip through the supervisor to
@@ -131,6 +242,7 @@ fn short_offset(len: usize) -> Result<u8, SeccompError> {
 fn emit_action(action: &Action, form: Form) -> Result<Vec<BpfInstruction>, SeccompError> {
     match action {
         Action::Allow => Ok(vec![insn(BPF_RET_K, 0, 0, SECCOMP_RET_ALLOW)]),
+        Action::Observe(data) => Ok(vec![insn(BPF_RET_K, 0, 0, SECCOMP_RET_USER_NOTIF | data)]),
         Action::Errno(errno) => Ok(vec![insn(BPF_RET_K, 0, 0, refusal(form, *errno, 0))]),
         Action::Quiet(errno) => Ok(vec![insn(BPF_RET_K, 0, 0, SECCOMP_RET_ERRNO | errno)]),
         Action::Checked { rules, otherwise } => {
@@ -181,7 +293,7 @@ fn emit_action(action: &Action, form: Form) -> Result<Vec<BpfInstruction>, Secco
 fn refusal(form: Form, errno: u32, rule: u32) -> u32 {
     match form {
         Form::Errno => SECCOMP_RET_ERRNO | errno,
-        Form::Reporting => {
+        Form::Reporting | Form::Learning => {
             SECCOMP_RET_USER_NOTIF | ((rule << ERRNO_BITS | errno) & SECCOMP_RET_DATA)
         }
     }
@@ -243,7 +355,11 @@ pub fn compile_seccomp_program_as(
         insn(BPF_JMP_JGE_K, 0, 1, X32_SYSCALL_BIT),
         insn(BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
     ];
-    program.extend(emit_tree(&action_runs(policy)?, form)?);
+    let mut runs = action_runs(policy)?;
+    if form == Form::Learning {
+        runs = learning_runs(policy)?;
+    }
+    program.extend(emit_tree(&runs, form)?);
     if program.len() > BPF_MAXINSNS {
         return Err(SeccompError::TooLong(program.len()));
     }
@@ -506,6 +622,68 @@ mod tests {
         assert_eq!(ask("read", [0; 6]), None);
         assert_eq!(ask("clone3", [0; 6]), None);
         assert_eq!(ask("socket", [1, 1, 0, 0, 0, 0]), None);
+    }
+
+    #[test]
+    fn the_learning_form_hands_over_observed_and_outside_syscalls_and_still_refuses_the_rest() {
+        use super::super::{Notified, notification_of};
+        let policy = default_policy(SocketFamilies::UnixOnly);
+        let p = compile_seccomp_program_as(&policy, Form::Learning).unwrap();
+        let errno = compile_seccomp_program(&policy).unwrap();
+        let ask = |nr: u32, args| notification_of(&p, AUDIT_ARCH_X86_64, nr, args);
+        let nr = |name| crate::syscalls::syscall_number(name).unwrap() as u32;
+        assert_eq!(
+            ask(nr("openat"), [0; 6]),
+            Some(Notified::Observed { syscall: "openat" })
+        );
+        assert_eq!(verdict(&p, "read", [0; 6]), Verdict::Allow);
+        // Allowed by default, not observed; a syscall a profile could allow but this one
+        // does not: handed over, marked.
+        assert!(!policy.allow.contains("vmsplice"));
+        assert_eq!(
+            ask(nr("vmsplice"), [0; 6]),
+            Some(Notified::OutsideAllowlist {
+                syscall: "vmsplice"
+            })
+        );
+        // Never allowed, denied or refused for arguments: refused as always.
+        for (name, args) in [
+            ("ptrace", [0; 6]),
+            ("io_uring_setup", [0; 6]),
+            ("socket", [16, 3, 0, 0, 0, 0]),
+        ] {
+            assert!(
+                matches!(ask(nr(name), args), Some(Notified::Refused(_))),
+                "{name}"
+            );
+        }
+        assert_eq!(verdict(&p, "clone3", [0; 6]), ENOSYS);
+        // Without a listener nothing handed over to be let through runs: the errno form
+        // of the learning program fails it.
+        let fallback = airlock_protocol::SeccompSpec {
+            requirement: airlock_protocol::Requirement::Required,
+            program: p.clone(),
+            digest: String::new(),
+        }
+        .errno_form();
+        assert_eq!(verdict(&fallback, "openat", [0; 6]), ENOSYS);
+        assert_eq!(verdict(&fallback, "vmsplice", [0; 6]), ENOSYS);
+        assert_eq!(verdict(&fallback, "ptrace", [0; 6]), EPERM);
+        // Everything not observed behaves as in the errno form.
+        let observed: Vec<u32> = OBSERVED.iter().map(|n| nr(n)).collect();
+        for n in 0..600u32 {
+            let learning = evaluate(&p, AUDIT_ARCH_X86_64, n, [0; 6]);
+            let plain = evaluate(&errno, AUDIT_ARCH_X86_64, n, [0; 6]);
+            match (plain, learning) {
+                (Verdict::Allow, Verdict::Notify(0)) => assert!(observed.contains(&n), "{n}"),
+                (Verdict::Allow, learning) => assert_eq!(learning, Verdict::Allow, "{n}"),
+                (Verdict::Errno(_), Verdict::Notify(data)) => {
+                    let (e, rule) = notified_refusal(data);
+                    assert!(e != 0 || rule == OUTSIDE_ALLOWLIST, "{n}");
+                }
+                (plain, learning) => assert_eq!(plain, learning, "{n}"),
+            }
+        }
     }
 
     #[test]

@@ -311,7 +311,9 @@ impl Metrics {
     pub(super) fn record_denials<'a>(&self, layers: impl IntoIterator<Item = (&'a str, u64)>) {
         for (layer, count) in layers {
             let label = self.denial_layer(layer);
-            self.denials.get_or_create(&[("layer", label)]).inc_by(count);
+            self.denials
+                .get_or_create(&[("layer", label)])
+                .inc_by(count);
         }
     }
 

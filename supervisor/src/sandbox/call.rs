@@ -16,6 +16,7 @@ use crate::cancel::CancelSignal;
 use crate::channel::{ChannelError, WorkerChannel};
 use crate::denials::{SeccompWatch, SyscallDenials};
 use crate::egress::{EgressSummary, EventSink};
+use crate::observe::ObservationLog;
 use crate::result::{AppliedLimits, ErrorKind, ToolError, ToolResult};
 
 impl Supervisor {
@@ -32,6 +33,24 @@ impl Supervisor {
         run: SandboxRun,
         cancel: Option<&CancelSignal>,
         network_events: Option<Arc<dyn EventSink>>,
+    ) -> ToolResult {
+        self.run_with(run, cancel, network_events, None).await
+    }
+
+    /// Runs `run` to learn a profile for it (`airlock learn`): its profile's seccomp program
+    /// is the learning form (`airlock_policy::seccomp::Form::Learning`), whose observed
+    /// syscalls are recorded into `log` and let run. Always in a fresh worker, never a
+    /// pooled one.
+    pub async fn run_learning(&self, run: SandboxRun, log: ObservationLog) -> ToolResult {
+        self.run_with(run, None, None, Some(log)).await
+    }
+
+    async fn run_with(
+        &self,
+        run: SandboxRun,
+        cancel: Option<&CancelSignal>,
+        network_events: Option<Arc<dyn EventSink>>,
+        learning: Option<ObservationLog>,
     ) -> ToolResult {
         let _active = ActiveCall::enter(&self.active);
         if self.closing.is_cancelled() {
@@ -50,7 +69,8 @@ impl Supervisor {
 
         // Pooled workers have /dev/null stdio, so only captured runs can use them; and they
         // are confined before a call names its session, so no call with a workspace can.
-        let poolable = run.inherit_stdio.is_none() && profile.workspace.is_none();
+        let poolable =
+            run.inherit_stdio.is_none() && profile.workspace.is_none() && learning.is_none();
         // Not even looked up otherwise: a session's profiles would crowd the pooled ones
         // out of the bounded key cache.
         let key = if poolable {
@@ -95,7 +115,7 @@ impl Supervisor {
         let (conversation, lease, channel, evidence) = match worker {
             Ok(worker) => {
                 let (conversation, lease, channel, evidence) = self
-                    .run_on_worker(worker, &run, bounds, network_events)
+                    .run_on_worker(worker, &run, bounds, network_events, learning)
                     .await;
                 (conversation, lease, Some(channel), evidence)
             }
@@ -167,6 +187,7 @@ impl Supervisor {
         run: &SandboxRun,
         bounds: Bounds<'_>,
         network_events: Option<Arc<dyn EventSink>>,
+        learning: Option<ObservationLog>,
     ) -> (Conversation, WorkerLease, WorkerChannel, Evidence) {
         let ReadyWorker {
             lease,
@@ -180,8 +201,8 @@ impl Supervisor {
         // and its first refused syscall an answer.
         let proxy =
             egress.and_then(|listener| self.start_egress(listener, &run.profile, network_events));
-        let watch =
-            seccomp.and_then(|listener| SeccompWatch::start(listener, Arc::clone(&run.profile)));
+        let watch = seccomp
+            .and_then(|listener| SeccompWatch::start(listener, Arc::clone(&run.profile), learning));
         let request = (!run_sent).then(|| run_request(run));
         // Whether the whole Run is out: only then may a Stop follow it on the stream.
         let run_out = std::sync::atomic::AtomicBool::new(request.is_none());

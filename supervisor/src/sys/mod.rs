@@ -9,7 +9,8 @@ pub use clone::{
     clone_worker,
 };
 pub use notify::{
-    ListenerState, is_seccomp_listener, poll_listener, receive_notification, refuse_notification,
+    ListenerState, Notification, continue_notification, is_seccomp_listener, poll_listener,
+    read_tool_memory, receive_notification, refuse_notification,
 };
 
 use std::ffi::{CStr, CString};

@@ -12,6 +12,8 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 pub struct Notification {
     /// The kernel's cookie for the answer.
     pub id: u64,
+    /// The calling thread, as this process's pid namespace numbers it.
+    pub pid: u32,
     /// `AUDIT_ARCH_*` of the syscall.
     pub arch: u32,
     /// The syscall number.
@@ -78,6 +80,7 @@ pub fn receive_notification(fd: BorrowedFd<'_>) -> io::Result<Notification> {
     }
     Ok(Notification {
         id: notif.id,
+        pid: notif.pid,
         arch: notif.data.arch,
         nr: u32::try_from(notif.data.nr).unwrap_or(u32::MAX),
         args: notif.data.args,
@@ -95,6 +98,82 @@ pub fn refuse_notification(fd: BorrowedFd<'_>, id: u64, errno: i32) -> io::Resul
     };
     // SAFETY: the ioctl reads one seccomp_notif_resp from `response`, which lives for the
     // call; `flags` 0 means the syscall fails with `error` and does not run.
+    let ret = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_SEND,
+            &mut response as *mut libc::seccomp_notif_resp,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Reads up to `len` bytes of process `pid`'s memory at `address`, stopping early at an
+/// unreadable page, or at the first NUL when `until_nul` (which is then not included). Only
+/// for `airlock learn`, which reads what an observed syscall names; what it reads decides
+/// nothing (the syscall runs regardless), so that the tool may change that memory meanwhile
+/// does not matter.
+pub fn read_tool_memory(
+    pid: u32,
+    address: u64,
+    len: usize,
+    until_nul: bool,
+) -> io::Result<Vec<u8>> {
+    const PAGE: u64 = 4096;
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    let mut out = Vec::new();
+    let mut at = address;
+    while out.len() < len {
+        // One page at a time: a string may end just before an unmapped page.
+        let room = usize::try_from(PAGE - at % PAGE)
+            .unwrap_or(1)
+            .min(len - out.len());
+        let mut chunk = vec![0u8; room];
+        let local = libc::iovec {
+            iov_base: chunk.as_mut_ptr().cast(),
+            iov_len: room,
+        };
+        let remote = libc::iovec {
+            iov_base: at as *mut libc::c_void,
+            iov_len: room,
+        };
+        // SAFETY: `local` describes `chunk`, writable and `room` bytes long, alive for the
+        // call; `remote` is only an address in the other process, which the kernel checks.
+        let read = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        let read = match usize::try_from(read) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(_) if out.is_empty() => return Err(io::Error::last_os_error()),
+            Err(_) => break,
+        };
+        chunk.truncate(read);
+        if until_nul && let Some(end) = chunk.iter().position(|b| *b == 0) {
+            out.extend_from_slice(&chunk[..end]);
+            return Ok(out);
+        }
+        out.extend_from_slice(&chunk);
+        at = at.saturating_add(read as u64);
+    }
+    Ok(out)
+}
+
+/// Lets the notified syscall `id` run as the tool asked (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`).
+/// Only for a filter whose program hands over allowed syscalls to be observed (`airlock
+/// learn`); never for one the program refuses.
+pub fn continue_notification(fd: BorrowedFd<'_>, id: u64) -> io::Result<()> {
+    let mut response = libc::seccomp_notif_resp {
+        id,
+        val: 0,
+        error: 0,
+        flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
+    };
+    // SAFETY: the ioctl reads one seccomp_notif_resp from `response`, which lives for the
+    // call.
     let ret = unsafe {
         libc::ioctl(
             fd.as_raw_fd(),

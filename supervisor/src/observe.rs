@@ -1,0 +1,292 @@
+//! What `airlock learn` observes of a command: the paths its syscalls name (read, written,
+//! executed), the syscalls it made outside its profile's allowlist, and the addresses it
+//! connected or sent to. Filled by the seccomp listener of a learning run, whose program
+//! hands those syscalls over to be recorded and then let run; nothing here decides
+//! anything, so what a tool does to its own memory meanwhile only spoils its own profile.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::sys::{self, Notification};
+
+/// Most distinct (path, access) pairs kept; the rest are counted in `dropped`.
+const MAX_PATHS: usize = 20_000;
+/// Most distinct destinations kept.
+const MAX_DESTINATIONS: usize = 1_000;
+/// Longest path read from a tool's memory.
+const PATH_MAX: usize = 4096;
+
+/// How a path was used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Access {
+    /// Looked up, opened for reading, listed.
+    Read,
+    /// Opened for writing, created, removed, renamed, changed.
+    Write,
+    /// Executed.
+    Exec,
+}
+
+/// The evidence for one (path, access) pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evidence {
+    /// The first syscall seen using it.
+    pub syscall: &'static str,
+    /// How many times.
+    pub count: u64,
+}
+
+/// Everything a learning run observed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observations {
+    /// Absolute, lexically normalised paths as the command named them, by access.
+    pub paths: BTreeMap<(String, Access), Evidence>,
+    /// Syscalls the profile does not allow, which the command made (let through).
+    pub outside_allowlist: BTreeMap<&'static str, u64>,
+    /// `address:port`, or `unix:PATH`, the command connected, bound or sent to.
+    pub destinations: BTreeMap<String, u64>,
+    /// Observed syscalls whose path could not be read.
+    pub unreadable: u64,
+    /// Observations past the bounds.
+    pub dropped: u64,
+}
+
+/// Where a learning run's listener records what it sees.
+pub type ObservationLog = Arc<Mutex<Observations>>;
+
+/// Where an observed syscall's path sits: its argument, and the argument holding the
+/// directory descriptor it is relative to (none: relative to the working directory).
+#[derive(Debug, Clone, Copy)]
+struct PathArg {
+    path: usize,
+    dirfd: Option<usize>,
+    access: AccessFrom,
+}
+
+/// How an argument's access is known.
+#[derive(Debug, Clone, Copy)]
+enum AccessFrom {
+    Fixed(Access),
+    /// From `open`-style flags in this argument.
+    OpenFlags(usize),
+}
+
+const fn at(path: usize, access: Access) -> PathArg {
+    PathArg {
+        path,
+        dirfd: None,
+        access: AccessFrom::Fixed(access),
+    }
+}
+
+const fn at_dir(dirfd: usize, path: usize, access: Access) -> PathArg {
+    PathArg {
+        path,
+        dirfd: Some(dirfd),
+        access: AccessFrom::Fixed(access),
+    }
+}
+
+/// The paths each observed syscall names.
+fn path_args(syscall: &str) -> Vec<PathArg> {
+    use Access::{Exec, Read, Write};
+    match syscall {
+        "open" => vec![PathArg {
+            path: 0,
+            dirfd: None,
+            access: AccessFrom::OpenFlags(1),
+        }],
+        "openat" => vec![PathArg {
+            path: 1,
+            dirfd: Some(0),
+            access: AccessFrom::OpenFlags(2),
+        }],
+        // openat2's flags live in memory (`struct open_how`): counted as a read.
+        "openat2" => vec![at_dir(0, 1, Read)],
+        "creat" | "mkdir" | "unlink" | "rmdir" | "truncate" | "chmod" => vec![at(0, Write)],
+        "execve" => vec![at(0, Exec)],
+        "execveat" => vec![at_dir(0, 1, Exec)],
+        "stat" | "lstat" | "access" | "readlink" | "chdir" => vec![at(0, Read)],
+        "newfstatat" | "statx" | "faccessat" | "faccessat2" | "readlinkat" => {
+            vec![at_dir(0, 1, Read)]
+        }
+        "mkdirat" | "unlinkat" | "fchmodat" | "utimensat" => vec![at_dir(0, 1, Write)],
+        "rename" | "link" => vec![at(0, Write), at(1, Write)],
+        "renameat" | "renameat2" | "linkat" => vec![at_dir(0, 1, Write), at_dir(2, 3, Write)],
+        "symlink" => vec![at(1, Write)],
+        "symlinkat" => vec![at_dir(1, 2, Write)],
+        _ => vec![],
+    }
+}
+
+/// Where an observed syscall's socket address sits: (address argument, length argument).
+fn address_args(syscall: &str) -> Option<(usize, usize)> {
+    match syscall {
+        "connect" | "bind" => Some((1, 2)),
+        "sendto" => Some((4, 5)),
+        _ => None,
+    }
+}
+
+/// Records what `notification` (a call of `syscall`) names, into `log`.
+pub(crate) fn observe(log: &ObservationLog, syscall: &'static str, notification: &Notification) {
+    let mut seen: Vec<(String, Access)> = Vec::new();
+    let mut unreadable = 0u64;
+    for arg in path_args(syscall) {
+        match path_of(notification, &arg) {
+            Ok(Some(seen_path)) => seen.push(seen_path),
+            // An empty path (`AT_EMPTY_PATH`, a null `utimensat`) names the descriptor.
+            Ok(None) => {}
+            Err(()) => unreadable += 1,
+        }
+    }
+    let destination = address_args(syscall).and_then(|(addr, len)| {
+        destination_of(
+            notification.pid,
+            notification.args[addr],
+            notification.args[len],
+        )
+    });
+    let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
+    log.unreadable = log.unreadable.saturating_add(unreadable);
+    for (path, access) in seen {
+        let key = (path, access);
+        if let Some(evidence) = log.paths.get_mut(&key) {
+            evidence.count = evidence.count.saturating_add(1);
+        } else if log.paths.len() < MAX_PATHS {
+            log.paths.insert(key, Evidence { syscall, count: 1 });
+        } else {
+            log.dropped = log.dropped.saturating_add(1);
+        }
+    }
+    if let Some(destination) = destination {
+        if let Some(count) = log.destinations.get_mut(&destination) {
+            *count = count.saturating_add(1);
+        } else if log.destinations.len() < MAX_DESTINATIONS {
+            log.destinations.insert(destination, 1);
+        } else {
+            log.dropped = log.dropped.saturating_add(1);
+        }
+    }
+}
+
+/// Records a syscall outside the profile's allowlist.
+pub(crate) fn outside_allowlist(log: &ObservationLog, syscall: &'static str) {
+    let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
+    let count = log.outside_allowlist.entry(syscall).or_default();
+    *count = count.saturating_add(1);
+}
+
+/// The absolute path and access one argument names: `Ok(None)` for an empty or null path
+/// (the syscall names a descriptor), `Err` when it cannot be read or resolved.
+fn path_of(notification: &Notification, arg: &PathArg) -> Result<Option<(String, Access)>, ()> {
+    let address = notification.args[arg.path];
+    if address == 0 {
+        return Ok(None);
+    }
+    let raw = sys::read_tool_memory(notification.pid, address, PATH_MAX, true).map_err(|_| ())?;
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let named = PathBuf::from(String::from_utf8_lossy(&raw).into_owned());
+    let absolute = if named.is_absolute() {
+        named
+    } else {
+        let base = match arg.dirfd.map(|i| notification.args[i] as u32 as i32) {
+            None | Some(libc::AT_FDCWD) => format!("/proc/{}/cwd", notification.pid),
+            Some(fd) => format!("/proc/{}/fd/{fd}", notification.pid),
+        };
+        std::fs::read_link(base).map_err(|_| ())?.join(named)
+    };
+    let access = match arg.access {
+        AccessFrom::Fixed(access) => access,
+        AccessFrom::OpenFlags(i) => {
+            let flags = notification.args[i] as u32 as i32;
+            let writes = flags & libc::O_ACCMODE != libc::O_RDONLY
+                || flags & (libc::O_CREAT | libc::O_TRUNC) != 0;
+            if writes { Access::Write } else { Access::Read }
+        }
+    };
+    Ok(Some((normalise(&absolute), access)))
+}
+
+/// `path` with `.` and `..` resolved lexically (the way the profile names paths; symlinks
+/// are the learner's to follow on the host).
+pub fn normalise(path: &Path) -> String {
+    let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => parts.push(part),
+            Component::ParentDir => {
+                parts.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    let mut out = String::new();
+    for part in parts {
+        out.push('/');
+        out.push_str(&part.to_string_lossy());
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
+}
+
+/// A socket address in the tool's memory, as `address:port` or `unix:PATH`.
+fn destination_of(pid: u32, address: u64, len: u64) -> Option<String> {
+    if address == 0 {
+        return None;
+    }
+    let len = usize::try_from(len).ok()?.min(128);
+    let bytes = sys::read_tool_memory(pid, address, len, false).ok()?;
+    let family = u16::from_ne_bytes([*bytes.first()?, *bytes.get(1)?]);
+    let port = |b: &[u8]| u16::from_be_bytes([b[2], b[3]]);
+    match i32::from(family) {
+        libc::AF_INET if bytes.len() >= 8 => {
+            let ip = std::net::Ipv4Addr::new(bytes[4], bytes[5], bytes[6], bytes[7]);
+            Some(format!("{ip}:{}", port(&bytes)))
+        }
+        libc::AF_INET6 if bytes.len() >= 24 => {
+            let mut octets = [0u8; 16];
+            octets.copy_from_slice(&bytes[8..24]);
+            let ip = std::net::Ipv6Addr::from(octets);
+            Some(format!("[{ip}]:{}", port(&bytes)))
+        }
+        libc::AF_UNIX => {
+            let name = bytes.get(2..)?;
+            Some(match name.first() {
+                Some(0) => format!("unix:@{}", String::from_utf8_lossy(&name[1..])),
+                _ => {
+                    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+                    format!("unix:{}", String::from_utf8_lossy(&name[..end]))
+                }
+            })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_normalised_lexically() {
+        assert_eq!(normalise(Path::new("/usr/lib/../bin/./sh")), "/usr/bin/sh");
+        assert_eq!(normalise(Path::new("/..")), "/");
+        assert_eq!(normalise(Path::new("/a//b/")), "/a/b");
+    }
+
+    #[test]
+    fn every_observed_syscall_is_read_for_a_path_or_an_address() {
+        for syscall in airlock_policy::seccomp::OBSERVED {
+            assert!(
+                !path_args(syscall).is_empty() || address_args(syscall).is_some(),
+                "{syscall}"
+            );
+        }
+    }
+}
