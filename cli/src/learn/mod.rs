@@ -107,13 +107,26 @@ fn learn(args: &LearnArgs) -> anyhow::Result<ExitCode> {
             (args.command.clone(), profile)
         }
     };
-    let base = validated
+    let mut base = validated
         .profiles
         .get(&base_name)
         .ok_or_else(|| anyhow::anyhow!("no profile named {base_name:?} in {policy_name}"))?
         .clone();
     let read_dirs = absolute_dirs(&args.read, "--read")?;
     let write_dirs = absolute_dirs(&args.write, "--write")?;
+    // Run where the caller is when that is a directory given: `learn --write "$PWD" -- make`
+    // builds here, as `make` alone would. The learned profile keeps that working directory.
+    let moved_to = std::env::current_dir().ok().and_then(|here| {
+        let here = std::fs::canonicalize(here).ok()?.display().to_string();
+        write_dirs
+            .iter()
+            .chain(&read_dirs)
+            .any(|dir| here == *dir || here.starts_with(&format!("{dir}/")))
+            .then_some(here)
+    });
+    if let Some(here) = &moved_to {
+        base.cwd.clone_from(here);
+    }
     let (learning, widened) = learning_profile(&base, &read_dirs, &write_dirs, args)?;
     eprintln!(
         "airlock: learn: running {:?} less confined than profile {base_name:?}: it also sees {} \
@@ -148,7 +161,14 @@ fn learn(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         &RealHost,
     );
     let text = match &args.policy {
-        Some(_) => render::additions(&policy_name, &base_name, &argv, &proposal, &result),
+        Some(_) => render::additions(
+            &policy_name,
+            &base_name,
+            &argv,
+            &proposal,
+            &result,
+            moved_to.as_deref(),
+        ),
         None => render::new_policy(&args.name, &base, &policy_name, &argv, &proposal)?,
     };
     match &args.output {

@@ -202,6 +202,7 @@ pub(super) fn additions(
     argv: &[String],
     proposal: &Proposal,
     result: &airlock::ToolResult,
+    cwd: Option<&str>,
 ) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -240,6 +241,10 @@ pub(super) fn additions(
             quoted(&format_size(memory)),
             format_size(limit)
         );
+        lines += 1;
+    }
+    if let Some(cwd) = cwd {
+        let _ = writeln!(out, "~ cwd {}  # where it ran while learning", quoted(cwd));
         lines += 1;
     }
     if lines == 0 {

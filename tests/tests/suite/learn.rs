@@ -32,7 +32,12 @@ fn installed(program: &str) -> bool {
 }
 
 fn learn(args: &[&str], command: &[&str]) -> Output {
+    learn_in(Path::new("/"), args, command)
+}
+
+fn learn_in(dir: &Path, args: &[&str], command: &[&str]) -> Output {
     Command::new(airlock_bin())
+        .current_dir(dir)
         .arg("learn")
         .args(args)
         .arg("--")
@@ -44,7 +49,17 @@ fn learn(args: &[&str], command: &[&str]) -> Output {
 /// Learns a profile for `command` into `dir/learned.toml`, checks it, and returns its path
 /// and the learned profile.
 fn learned_profile(dir: &Path, args: &[&str], command: &[&str]) -> (PathBuf, Profile) {
-    let out = learn(args, command);
+    learned_profile_in(Path::new("/"), dir, args, command)
+}
+
+/// As [`learned_profile`], with `airlock learn` started in `cwd`.
+fn learned_profile_in(
+    cwd: &Path,
+    dir: &Path,
+    args: &[&str],
+    command: &[&str],
+) -> (PathBuf, Profile) {
+    let out = learn_in(cwd, args, command);
     assert!(
         out.status.success(),
         "learn failed: {}\n{}",
@@ -174,7 +189,7 @@ fn node_learns_a_profile_it_runs_under() {
 }
 
 #[test]
-fn a_c_compiler_build_learns_its_source_directory_writable() {
+fn a_c_compiler_build_started_in_its_source_directory_learns_it_writable_and_as_cwd() {
     let _guard = airlock_tests::shared();
     if !sandbox_available() || !installed("cc") {
         return;
@@ -186,10 +201,12 @@ fn a_c_compiler_build_learns_its_source_directory_writable() {
     );
     let out_dir = scratch("learn-cc-out", false);
     let src = source.0.display().to_string();
-    let script = format!("cd {src} && cc hello.c -o hello && ./hello");
-    let command = ["/bin/sh", "-c", script.as_str()];
-    let (policy, profile) = learned_profile(&out_dir.0, &["--write", &src], &command);
+    // Started in the directory it may write, the learning run builds there, as `cc` alone
+    // would, and the learned profile keeps that working directory.
+    let command = ["/bin/sh", "-c", "cc hello.c -o hello && ./hello"];
+    let (policy, profile) = learned_profile_in(&source.0, &out_dir.0, &["--write", &src], &command);
     assert!(profile.write.iter().any(|g| g.path == src), "{profile:?}");
+    assert_eq!(profile.cwd, src);
     std::fs::remove_file(source.0.join("hello")).unwrap();
     assert_eq!(runs_clean(&policy, &command), "hi\n");
 }
