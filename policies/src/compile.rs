@@ -290,13 +290,18 @@ fn environment(profile: &Profile) -> Vec<(String, String)> {
 
 /// Compiles one profile.
 pub fn compile_profile(profile: &Profile) -> Result<CompiledProfile, CompileError> {
-    let program =
-        compile_seccomp_program_as(&profile.syscalls, Form::Reporting).map_err(|source| {
-            CompileError::Seccomp {
-                profile: profile.name.clone(),
-                source,
-            }
-        })?;
+    compile_profile_as(profile, Form::Reporting)
+}
+
+/// Compiles one profile with its seccomp program in `form`: [`Form::Reporting`] for calls,
+/// [`Form::Observing`] to diagnose one, [`Form::Learning`] for `airlock learn`.
+pub fn compile_profile_as(profile: &Profile, form: Form) -> Result<CompiledProfile, CompileError> {
+    let program = compile_seccomp_program_as(&profile.syscalls, form).map_err(|source| {
+        CompileError::Seccomp {
+            profile: profile.name.clone(),
+            source,
+        }
+    })?;
     let digest = digest_program(&program);
     let spec = SandboxSpec {
         profile: profile.name.clone(),

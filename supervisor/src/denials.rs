@@ -19,7 +19,7 @@ use airlock_policy::seccomp::Notified;
 use tokio::io::unix::AsyncFd;
 
 use crate::egress::EgressSummary;
-use crate::observe::{self, ObservationLog};
+use crate::observe::{self, Finding, Watching};
 use crate::result::{Denial, DenialLayer, ErrorKind, ToolResult};
 use crate::sys::{self, ListenerState};
 
@@ -35,12 +35,19 @@ struct SyscallKey {
     rule: Option<&'static str>,
 }
 
-/// The seccomp refusals of one call, counted.
+/// The seccomp refusals of one call, counted, and what diagnosing it found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SyscallDenials {
     counts: BTreeMap<SyscallKey, u64>,
     /// Refusals of syscalls past [`MAX_SYSCALL_ENTRIES`] distinct ones.
     other: u64,
+    /// Diagnosed: paths the mounts lack or hold read-only, destinations the network cannot
+    /// reach, by (is network, object, rule).
+    found: BTreeMap<(bool, String, &'static str), u64>,
+    /// Findings past [`MAX_SYSCALL_ENTRIES`] distinct ones, by (is network).
+    found_other: BTreeMap<bool, u64>,
+    /// The call was diagnosed: its mounts' refusals are reported.
+    pub(crate) diagnosed: bool,
 }
 
 impl SyscallDenials {
@@ -60,7 +67,19 @@ impl SyscallDenials {
         }
     }
 
-    /// Refusals, most frequent first.
+    fn record_finding(&mut self, finding: Finding) {
+        let key = (finding.network, finding.object, finding.rule);
+        if let Some(count) = self.found.get_mut(&key) {
+            *count = count.saturating_add(1);
+        } else if self.found.len() < MAX_SYSCALL_ENTRIES {
+            self.found.insert(key, 1);
+        } else {
+            let other = self.found_other.entry(key.0).or_default();
+            *other = other.saturating_add(1);
+        }
+    }
+
+    /// Refusals, most frequent first, then what diagnosing found.
     fn listed(&self) -> Vec<Denial> {
         let mut listed: Vec<Denial> = self
             .counts
@@ -83,6 +102,31 @@ impl SyscallDenials {
                 errno: None,
                 rule: None,
                 count: self.other,
+            });
+        }
+        let layer = |network: bool| {
+            if network {
+                DenialLayer::Network
+            } else {
+                DenialLayer::Mounts
+            }
+        };
+        for ((network, object, rule), count) in &self.found {
+            listed.push(Denial {
+                layer: layer(*network),
+                object: object.clone(),
+                errno: None,
+                rule: Some((*rule).to_string()),
+                count: *count,
+            });
+        }
+        for (network, count) in &self.found_other {
+            listed.push(Denial {
+                layer: layer(*network),
+                object: "other".into(),
+                errno: None,
+                rule: None,
+                count: *count,
             });
         }
         listed
@@ -117,7 +161,7 @@ impl SeccompWatch {
     pub fn start(
         listener: OwnedFd,
         profile: Arc<CompiledProfile>,
-        learning: Option<ObservationLog>,
+        watching: Watching,
     ) -> Option<Self> {
         let listener = match sys::register_async_fd(listener) {
             Ok(listener) => listener,
@@ -126,8 +170,11 @@ impl SeccompWatch {
                 return None;
             }
         };
-        let counted = Arc::new(Mutex::new(SyscallDenials::default()));
-        let task = tokio::spawn(answer(listener, profile, Arc::clone(&counted), learning));
+        let counted = Arc::new(Mutex::new(SyscallDenials {
+            diagnosed: matches!(watching, Watching::Diagnose),
+            ..SyscallDenials::default()
+        }));
+        let task = tokio::spawn(answer(listener, profile, Arc::clone(&counted), watching));
         Some(Self { counted, task })
     }
 
@@ -152,7 +199,7 @@ async fn answer(
     listener: AsyncFd<OwnedFd>,
     profile: Arc<CompiledProfile>,
     counted: Arc<Mutex<SyscallDenials>>,
-    learning: Option<ObservationLog>,
+    watching: Watching,
 ) {
     loop {
         let Ok(mut guard) = listener.readable().await else {
@@ -181,7 +228,7 @@ async fn answer(
             // A syscall the program does not hand over cannot arrive here; if one did, it
             // is refused all the same (never let run) and not listed. So is one handed over
             // to be observed when this run is not learning.
-            let errno = match (&notified, &learning) {
+            let errno = match (&notified, &watching) {
                 (Some(Notified::Refused(refusal)), _) => {
                     counted
                         .lock()
@@ -189,14 +236,25 @@ async fn answer(
                         .record(refusal);
                     i32::try_from(refusal.errno).unwrap_or(libc::EPERM)
                 }
-                (Some(Notified::Observed { syscall }), Some(log)) => {
+                (Some(Notified::Observed { syscall }), Watching::Learn(log)) => {
                     observe::observe(log, syscall, &notification);
                     let _ = sys::continue_notification(fd, notification.id);
                     continue;
                 }
-                (Some(Notified::OutsideAllowlist { syscall }), Some(log)) => {
+                (Some(Notified::OutsideAllowlist { syscall }), Watching::Learn(log)) => {
                     observe::outside_allowlist(log, syscall);
                     observe::observe(log, syscall, &notification);
+                    let _ = sys::continue_notification(fd, notification.id);
+                    continue;
+                }
+                (Some(Notified::Observed { syscall }), Watching::Diagnose) => {
+                    let found = observe::diagnose(syscall, &notification, profile.spec.network);
+                    if !found.is_empty() {
+                        let mut counted = counted.lock().unwrap_or_else(PoisonError::into_inner);
+                        for finding in found {
+                            counted.record_finding(finding);
+                        }
+                    }
                     let _ = sys::continue_notification(fd, notification.id);
                     continue;
                 }

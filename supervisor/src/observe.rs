@@ -55,6 +55,92 @@ pub struct Observations {
 /// Where a learning run's listener records what it sees.
 pub type ObservationLog = Arc<Mutex<Observations>>;
 
+/// What a call's seccomp listener does besides answering refusals.
+#[derive(Debug, Clone, Default)]
+pub enum Watching {
+    /// Only refusals: the profile's own program hands nothing else over.
+    #[default]
+    Refusals,
+    /// Diagnosing (the observing form): each path an observed syscall names is looked up in
+    /// the tool's own root, and one its mounts lack (but the host has) or hold read-only is
+    /// a `mounts` denial; a connection the profile's network cannot make is a `network` one.
+    Diagnose,
+    /// Learning (the learning form): everything observed is recorded into the log.
+    Learn(ObservationLog),
+}
+
+/// Why a diagnosed path or destination would fail in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Finding {
+    /// `true` for a destination (a `network` denial), `false` for a path (`mounts`).
+    pub(crate) network: bool,
+    pub(crate) object: String,
+    pub(crate) rule: &'static str,
+}
+
+/// What diagnosing `notification` (a call of `syscall`) finds, for a sandbox whose network
+/// is `network`.
+pub(crate) fn diagnose(
+    syscall: &'static str,
+    notification: &Notification,
+    network: airlock_protocol::NetworkMode,
+) -> Vec<Finding> {
+    use airlock_protocol::NetworkMode;
+    let mut found = Vec::new();
+    for arg in path_args(syscall) {
+        let Ok(Some((path, access))) = path_of(notification, &arg) else {
+            continue;
+        };
+        let in_root = |p: &str| sys::stat_in_root(notification.pid, p).ok();
+        let host_has = |p: &str| std::fs::symlink_metadata(p).is_ok();
+        // A write names a path that may not exist yet: then its directory decides.
+        let target = match (access, in_root(&path)) {
+            (_, None) => continue,
+            (Access::Write, Some(None)) => parent_of(&path).to_string(),
+            (_, Some(_)) => path.clone(),
+        };
+        let rule = match in_root(&target) {
+            Some(None) if host_has(&target) => "not in the sandbox",
+            Some(Some(true)) if access == Access::Write => "read-only",
+            _ => continue,
+        };
+        found.push(Finding {
+            network: false,
+            object: path,
+            rule,
+        });
+    }
+    if syscall == "connect"
+        && let Some(destination) =
+            destination_of(notification.pid, notification.args[1], notification.args[2])
+        && !destination.starts_with("unix:")
+    {
+        let loopback = destination.starts_with("127.") || destination.starts_with("[::1]");
+        let rule = match network {
+            NetworkMode::None | NetworkMode::NoneShared => Some("the profile has no network"),
+            NetworkMode::Loopback if !loopback => {
+                Some("the profile has only loopback (and its egress proxy, by name)")
+            }
+            _ => None,
+        };
+        if let Some(rule) = rule {
+            found.push(Finding {
+                network: true,
+                object: destination,
+                rule,
+            });
+        }
+    }
+    found
+}
+
+fn parent_of(path: &str) -> &str {
+    match path.rfind('/') {
+        Some(0) | None => "/",
+        Some(i) => &path[..i],
+    }
+}
+
 /// Where an observed syscall's path sits: its argument, and the argument holding the
 /// directory descriptor it is relative to (none: relative to the working directory).
 #[derive(Debug, Clone, Copy)]

@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use airlock::observe::Observations;
 use airlock::{SandboxRun, Supervisor};
-use airlock_policy::compile::compile_profile;
-use airlock_policy::seccomp::{Form, compile_seccomp_program_as, digest_program};
+use airlock_policy::compile::compile_profile_as;
+use airlock_policy::seccomp::Form;
 use airlock_policy::validate::{ValidatedPolicy, validate_policy};
 use airlock_policy::validated::{PathGrant, Profile};
 use airlock_policy::{PolicyError, Source, load_policy_str, parse_policy_str, presets};
@@ -354,11 +354,7 @@ fn learning_profile(
         learning.limits.timeout = airlock_policy::units::parse_duration(timeout)
             .map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;
     }
-    let mut compiled = compile_profile(&learning)?;
-    let program = compile_seccomp_program_as(&learning.syscalls, Form::Learning)?;
-    compiled.spec.seccomp.digest = digest_program(&program);
-    compiled.spec.seccomp.program = program;
-    Ok((compiled, widened))
+    Ok((compile_profile_as(&learning, Form::Learning)?, widened))
 }
 
 /// Runs `argv` once under `profile` with its observations recorded.

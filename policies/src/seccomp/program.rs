@@ -50,6 +50,11 @@ pub enum Form {
     /// them run. Only a supervisor learning a profile answers so, and it says the command ran
     /// less confined than its profile.
     Learning,
+    /// The reporting form, and besides, the observed syscalls the profile allows are handed
+    /// over with errno 0 to be looked at and let run (a call run to diagnose its refusals:
+    /// which paths it named that its mounts lack or hold read-only). Nothing outside the
+    /// allowlist is let through.
+    Observing,
 }
 
 /// The argument-rule ordinal that marks, in the learning form, a syscall outside the
@@ -158,12 +163,14 @@ fn action_runs(policy: &SyscallPolicy) -> Result<Vec<(u32, Action)>, SeccompErro
     Ok(runs)
 }
 
-/// The learning form's runs: [`action_runs`] with the observed syscalls handed over and
-/// the allowable ones outside the allowlist let through after being handed over.
-fn learning_runs(policy: &SyscallPolicy) -> Result<Vec<(u32, Action)>, SeccompError> {
+/// The learning and observing forms' runs: [`action_runs`] with the observed syscalls
+/// handed over and, when `widen`, the allowable ones outside the allowlist let through
+/// after being handed over.
+fn learning_runs(policy: &SyscallPolicy, widen: bool) -> Result<Vec<(u32, Action)>, SeccompError> {
     let mut widened = policy.clone();
     for (name, _) in crate::syscalls::SYSCALLS {
-        if !super::is_never_allowed(name)
+        if widen
+            && !super::is_never_allowed(name)
             && !policy.allow.contains(*name)
             && !policy.deny.contains(*name)
         {
@@ -293,7 +300,7 @@ fn emit_action(action: &Action, form: Form) -> Result<Vec<BpfInstruction>, Secco
 fn refusal(form: Form, errno: u32, rule: u32) -> u32 {
     match form {
         Form::Errno => SECCOMP_RET_ERRNO | errno,
-        Form::Reporting | Form::Learning => {
+        Form::Reporting | Form::Learning | Form::Observing => {
             SECCOMP_RET_USER_NOTIF | ((rule << ERRNO_BITS | errno) & SECCOMP_RET_DATA)
         }
     }
@@ -355,10 +362,11 @@ pub fn compile_seccomp_program_as(
         insn(BPF_JMP_JGE_K, 0, 1, X32_SYSCALL_BIT),
         insn(BPF_RET_K, 0, 0, SECCOMP_RET_KILL_PROCESS),
     ];
-    let mut runs = action_runs(policy)?;
-    if form == Form::Learning {
-        runs = learning_runs(policy)?;
-    }
+    let runs = match form {
+        Form::Learning => learning_runs(policy, true)?,
+        Form::Observing => learning_runs(policy, false)?,
+        Form::Errno | Form::Reporting => action_runs(policy)?,
+    };
     program.extend(emit_tree(&runs, form)?);
     if program.len() > BPF_MAXINSNS {
         return Err(SeccompError::TooLong(program.len()));
@@ -682,6 +690,31 @@ mod tests {
                     assert!(e != 0 || rule == OUTSIDE_ALLOWLIST, "{n}");
                 }
                 (plain, learning) => assert_eq!(plain, learning, "{n}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_observing_form_hands_over_observed_syscalls_and_lets_nothing_else_through() {
+        use super::super::{Notified, notification_of};
+        let policy = default_policy(SocketFamilies::UnixOnly);
+        let observing = compile_seccomp_program_as(&policy, Form::Observing).unwrap();
+        let reporting = compile_seccomp_program_as(&policy, Form::Reporting).unwrap();
+        let nr = |name| crate::syscalls::syscall_number(name).unwrap() as u32;
+        assert_eq!(
+            notification_of(&observing, AUDIT_ARCH_X86_64, nr("openat"), [0; 6]),
+            Some(Notified::Observed { syscall: "openat" })
+        );
+        let observed: Vec<u32> = OBSERVED.iter().map(|n| nr(n)).collect();
+        for n in 0..1100u32 {
+            for args in [[0; 6], [16, 3, 0, 0, 0, 0]] {
+                let seen = evaluate(&observing, AUDIT_ARCH_X86_64, n, args);
+                let plain = evaluate(&reporting, AUDIT_ARCH_X86_64, n, args);
+                if plain == Verdict::Allow && observed.contains(&n) {
+                    assert_eq!(seen, Verdict::Notify(0), "{n}");
+                } else {
+                    assert_eq!(seen, plain, "{n} {args:?}");
+                }
             }
         }
     }

@@ -16,7 +16,7 @@ use crate::cancel::CancelSignal;
 use crate::channel::{ChannelError, WorkerChannel};
 use crate::denials::{SeccompWatch, SyscallDenials};
 use crate::egress::{EgressSummary, EventSink};
-use crate::observe::ObservationLog;
+use crate::observe::{ObservationLog, Watching};
 use crate::result::{AppliedLimits, ErrorKind, ToolError, ToolResult};
 
 impl Supervisor {
@@ -34,7 +34,8 @@ impl Supervisor {
         cancel: Option<&CancelSignal>,
         network_events: Option<Arc<dyn EventSink>>,
     ) -> ToolResult {
-        self.run_with(run, cancel, network_events, None).await
+        self.run_with(run, cancel, network_events, Watching::Refusals)
+            .await
     }
 
     /// Runs `run` to learn a profile for it (`airlock learn`): its profile's seccomp program
@@ -42,7 +43,22 @@ impl Supervisor {
     /// syscalls are recorded into `log` and let run. Always in a fresh worker, never a
     /// pooled one.
     pub async fn run_learning(&self, run: SandboxRun, log: ObservationLog) -> ToolResult {
-        self.run_with(run, None, None, Some(log)).await
+        self.run_with(run, None, None, Watching::Learn(log)).await
+    }
+
+    /// Runs `run` to diagnose its refusals: its profile's seccomp program is the observing
+    /// form (`airlock_policy::seccomp::Form::Observing`), and each path its tool names that
+    /// the mounts lack (but the host has) or hold read-only, and each connection its network
+    /// cannot make, is listed in `denials` too. Slower (every file syscall waits for the
+    /// supervisor), never less confined; always in a fresh worker. The record then says
+    /// which paths the tool named exist on the host: for the engineer tuning a profile, not
+    /// for calls whose arguments a model wrote.
+    pub async fn run_diagnosing(
+        &self,
+        run: SandboxRun,
+        cancel: Option<&CancelSignal>,
+    ) -> ToolResult {
+        self.run_with(run, cancel, None, Watching::Diagnose).await
     }
 
     async fn run_with(
@@ -50,7 +66,7 @@ impl Supervisor {
         run: SandboxRun,
         cancel: Option<&CancelSignal>,
         network_events: Option<Arc<dyn EventSink>>,
-        learning: Option<ObservationLog>,
+        watching: Watching,
     ) -> ToolResult {
         let _active = ActiveCall::enter(&self.active);
         if self.closing.is_cancelled() {
@@ -69,8 +85,9 @@ impl Supervisor {
 
         // Pooled workers have /dev/null stdio, so only captured runs can use them; and they
         // are confined before a call names its session, so no call with a workspace can.
-        let poolable =
-            run.inherit_stdio.is_none() && profile.workspace.is_none() && learning.is_none();
+        let poolable = run.inherit_stdio.is_none()
+            && profile.workspace.is_none()
+            && matches!(watching, Watching::Refusals);
         // Not even looked up otherwise: a session's profiles would crowd the pooled ones
         // out of the bounded key cache.
         let key = if poolable {
@@ -115,7 +132,7 @@ impl Supervisor {
         let (conversation, lease, channel, evidence) = match worker {
             Ok(worker) => {
                 let (conversation, lease, channel, evidence) = self
-                    .run_on_worker(worker, &run, bounds, network_events, learning)
+                    .run_on_worker(worker, &run, bounds, network_events, watching)
                     .await;
                 (conversation, lease, Some(channel), evidence)
             }
@@ -187,7 +204,7 @@ impl Supervisor {
         run: &SandboxRun,
         bounds: Bounds<'_>,
         network_events: Option<Arc<dyn EventSink>>,
-        learning: Option<ObservationLog>,
+        watching: Watching,
     ) -> (Conversation, WorkerLease, WorkerChannel, Evidence) {
         let ReadyWorker {
             lease,
@@ -202,7 +219,7 @@ impl Supervisor {
         let proxy =
             egress.and_then(|listener| self.start_egress(listener, &run.profile, network_events));
         let watch = seccomp
-            .and_then(|listener| SeccompWatch::start(listener, Arc::clone(&run.profile), learning));
+            .and_then(|listener| SeccompWatch::start(listener, Arc::clone(&run.profile), watching));
         let request = (!run_sent).then(|| run_request(run));
         // Whether the whole Run is out: only then may a Stop follow it on the stream.
         let run_out = std::sync::atomic::AtomicBool::new(request.is_none());

@@ -173,8 +173,10 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
     isolation.denial_reporting = DenialReporting {
         seccomp: coverage(seccomp.is_some()),
         landlock: Coverage::Unavailable,
-        mounts: Coverage::Unavailable,
-        network: coverage(result.network.is_some()),
+        mounts: coverage(seccomp.as_ref().is_some_and(|s| s.diagnosed)),
+        network: coverage(
+            result.network.is_some() || seccomp.as_ref().is_some_and(|s| s.diagnosed),
+        ),
         limits: Coverage::Reported,
     };
     result.isolation = Some(isolation);

@@ -10,7 +10,7 @@ pub use clone::{
 };
 pub use notify::{
     ListenerState, Notification, continue_notification, is_seccomp_listener, poll_listener,
-    read_tool_memory, receive_notification, refuse_notification,
+    read_tool_memory, receive_notification, refuse_notification, stat_in_root,
 };
 
 use std::ffi::{CStr, CString};

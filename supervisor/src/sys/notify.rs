@@ -187,3 +187,52 @@ pub fn continue_notification(fd: BorrowedFd<'_>, id: u64) -> io::Result<()> {
         Ok(())
     }
 }
+
+/// Where `path` (absolute, as a tool named it) stands in process `pid`'s own root: resolved
+/// with `RESOLVE_IN_ROOT`, so `..` and absolute symlinks the tool made stay inside its root
+/// and never reach the supervisor's. For diagnosing a call: `Ok(None)` when the path does
+/// not exist there, `Ok(Some(read_only))` with whether its mount is read-only.
+pub fn stat_in_root(pid: u32, path: &str) -> io::Result<Option<bool>> {
+    use std::ffi::CString;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let root = std::fs::File::open(format!("/proc/{pid}/root"))?;
+    let relative = CString::new(path.trim_start_matches('/'))
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+    let relative = if relative.as_bytes().is_empty() {
+        CString::from(c".")
+    } else {
+        relative
+    };
+    // SAFETY: open_how is plain data; all-zero is a valid start.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_PATH | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: `relative` is NUL-terminated and `how` is a valid open_how of the size given,
+    // both alive for the call; the result is a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            relative.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        let error = io::Error::last_os_error();
+        return match error.raw_os_error() {
+            Some(libc::ENOENT | libc::ENOTDIR) => Ok(None),
+            _ => Err(error),
+        };
+    }
+    let fd = i32::try_from(fd)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "descriptor out of range"))?;
+    // SAFETY: openat2 returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let stats = nix::sys::statvfs::fstatvfs(&fd).map_err(io::Error::from)?;
+    Ok(Some(
+        stats
+            .flags()
+            .contains(nix::sys::statvfs::FsFlags::ST_RDONLY),
+    ))
+}

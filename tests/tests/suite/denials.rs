@@ -243,3 +243,111 @@ input = { type = "object" }
     assert_eq!(last["denials"][0]["layer"], "seccomp", "{text}");
     assert_eq!(last["denials"][0]["object"], "ptrace", "{text}");
 }
+
+/// A profile like the default preset's, with loopback only, compiled with its seccomp
+/// program in `form`.
+fn default_profile_as(form: airlock_policy::seccomp::Form) -> Arc<airlock_policy::CompiledProfile> {
+    let text = airlock_policy::presets::preset_text("default")
+        .unwrap()
+        .replace("network = \"none\"", "network = \"loopback\"");
+    let text = text.as_str();
+    let file = airlock_policy::parse_policy_str(text, "default.toml").unwrap();
+    let (mut valid, _) = airlock_policy::validate::validate_policy(
+        &file,
+        airlock_policy::Source::new("default.toml", text),
+    )
+    .unwrap();
+    let profile = valid.profiles.remove("default").unwrap();
+    Arc::new(airlock_policy::compile::compile_profile_as(&profile, form).unwrap())
+}
+
+fn run_of(profile: Arc<airlock_policy::CompiledProfile>, script: &str) -> airlock::SandboxRun {
+    airlock::SandboxRun {
+        call_id: "diagnose".into(),
+        tool: "exec".into(),
+        profile,
+        argv: vec!["/usr/bin/python3".into(), "-c".into(), script.into()],
+        stdin: Vec::new(),
+        arguments_json: "{}".into(),
+        timeout: airlock_tests::HANG_GUARD,
+        inherit_stdio: None,
+        builtin: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diagnosed_call_names_paths_its_mounts_lack_or_hold_read_only_and_unreachable_hosts() {
+    let _guard = airlock_tests::shared();
+    if !available() {
+        return;
+    }
+    // Present on the host, outside the profile's binds; a write into the read-only /usr; a
+    // connection the profile's empty network cannot make; a path absent everywhere.
+    assert!(std::path::Path::new("/etc/hostname").exists());
+    let script = r#"
+import socket
+for attempt in (lambda: open('/etc/hostname'), lambda: open('/usr/airlock-diagnose', 'w'),
+                lambda: open('/nonexistent/airlock'),
+                lambda: socket.create_connection(('192.0.2.1', 80), timeout=5)):
+    try:
+        attempt()
+    except OSError as e:
+        print(e.errno)
+"#;
+    let supervisor = airlock_tests::supervisor();
+    use airlock_policy::seccomp::Form;
+    let diagnosed = supervisor
+        .run_diagnosing(run_of(default_profile_as(Form::Observing), script), None)
+        .await;
+    assert!(diagnosed.ok, "{diagnosed:?}");
+    // The syscalls failed as they always do: ENOENT, EROFS, ENOENT, ENETUNREACH (there is
+    // no route but loopback's).
+    assert_eq!(diagnosed.stdout, "2\n30\n2\n101\n", "{diagnosed:?}");
+    let lines: Vec<(&str, &str, Option<&str>)> = diagnosed
+        .denials
+        .iter()
+        .filter(|d| d.layer != airlock::result::DenialLayer::Seccomp)
+        .map(|d| (d.layer.as_str(), d.object.as_str(), d.rule.as_deref()))
+        .collect();
+    assert!(
+        lines.contains(&("mounts", "/etc/hostname", Some("not in the sandbox"))),
+        "{lines:?}"
+    );
+    assert!(
+        lines.contains(&("mounts", "/usr/airlock-diagnose", Some("read-only"))),
+        "{lines:?}"
+    );
+    assert!(
+        lines.contains(&(
+            "network",
+            "192.0.2.1:80",
+            Some("the profile has only loopback (and its egress proxy, by name)")
+        )),
+        "{lines:?}"
+    );
+    assert!(
+        !lines
+            .iter()
+            .any(|(_, object, _)| object.contains("nonexistent")),
+        "{lines:?}"
+    );
+    let reporting = diagnosed.isolation.as_ref().unwrap().denial_reporting;
+    assert_eq!(reporting.mounts, airlock::result::Coverage::Reported);
+    assert_eq!(reporting.network, airlock::result::Coverage::Reported);
+
+    // The same call, not diagnosed: the same outcome, and the record says it cannot tell.
+    let plain = supervisor
+        .run(run_of(default_profile_as(Form::Reporting), script), None)
+        .await;
+    assert_eq!(plain.stdout, diagnosed.stdout, "{plain:?}");
+    assert!(
+        plain
+            .denials
+            .iter()
+            .all(|d| d.layer == airlock::result::DenialLayer::Seccomp),
+        "{plain:?}"
+    );
+    let reporting = plain.isolation.as_ref().unwrap().denial_reporting;
+    assert_eq!(reporting.mounts, airlock::result::Coverage::Unavailable);
+    supervisor.close().await;
+}
