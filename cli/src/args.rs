@@ -123,6 +123,11 @@ pub(crate) enum Command {
         /// Capture output and print the result record as JSON.
         #[arg(long)]
         json: bool,
+        /// Diagnose the run: list in `denials` too each path the command named that the
+        /// sandbox lacks (while the host has it) or holds read-only, and each connection its
+        /// network cannot make. Slower; never less confined.
+        #[arg(long)]
+        diagnose: bool,
         /// Host uid of the sandbox's root when running as root (default 65534).
         #[arg(long)]
         sandbox_uid: Option<u32>,

@@ -492,10 +492,19 @@ fn main() -> ExitCode {
             timeout,
             memory,
             json,
+            diagnose,
             sandbox_uid,
             command,
         } => load_policy(policy.as_ref(), preset.as_deref(), presets::DEFAULT_PRESET).and_then(
-            |loaded| {
+            |mut loaded| {
+                if diagnose {
+                    let observing =
+                        learn::observing_profile(policy.as_ref(), preset.as_deref(), &profile)?;
+                    loaded
+                        .policy
+                        .profiles
+                        .insert(profile.clone(), Arc::new(observing));
+                }
                 run_exec(
                     &loaded.policy,
                     &profile,

@@ -90,6 +90,9 @@ pub struct CompiledProfile {
     /// Where a session's files appear; the spec holds no mount for it (each session's
     /// calls add their own).
     pub workspace: Option<Workspace>,
+    /// The form of the spec's seccomp program, which says what the supervisor answering its
+    /// listener does: [`Form::Observing`] makes every call of the profile a diagnosed one.
+    pub seccomp_form: Form,
 }
 
 /// A compiled tool.
@@ -339,6 +342,7 @@ pub fn compile_profile_as(profile: &Profile, form: Form) -> Result<CompiledProfi
         require: profile.require,
         egress,
         workspace: profile.workspace.clone(),
+        seccomp_form: form,
     })
 }
 

@@ -95,8 +95,8 @@ pub(super) fn describe_profile(profile: &Profile) -> ProfileFacts {
                       (unavailable where the kernel gives no seccomp listener; clone3 is never \
                       listed: every fork tries it first)",
             landlock: "unavailable: the kernel reports Landlock refusals to its audit log only",
-            mounts: "unavailable: seeing lookups of paths outside the plan would take tracing \
-                     every file syscall",
+            mounts: "unavailable, unless the call is diagnosed (airlock exec --diagnose): then \
+                     every path it named that the sandbox lacks or holds read-only",
             network: match profile.network {
                 Network::Egress(_) => "reported: every destination the proxy refused, and why",
                 _ => "unavailable: without an allowlist nothing answers a connection to refuse it",

@@ -235,6 +235,35 @@ fn validate_text(text: &str, name: &str) -> anyhow::Result<ValidatedPolicy> {
     Ok(validated)
 }
 
+/// Profile `profile` of the policy file or preset, compiled in the observing form: every
+/// call of it is diagnosed (`airlock exec --diagnose`).
+pub(crate) fn observing_profile(
+    policy: Option<&PathBuf>,
+    preset: Option<&str>,
+    profile: &str,
+) -> anyhow::Result<airlock_policy::CompiledProfile> {
+    let (text, name) = match policy {
+        Some(path) => (
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("cannot read policy file {}: {e}", path.display()))?,
+            path.display().to_string(),
+        ),
+        None => {
+            let preset = preset.unwrap_or(presets::DEFAULT_PRESET);
+            let text = presets::preset_text(preset).ok_or_else(|| {
+                anyhow::anyhow!("no preset named {preset:?}; see `airlock preset`")
+            })?;
+            (text.to_string(), format!("preset:{preset}"))
+        }
+    };
+    let validated = validate_text(&text, &name)?;
+    let base = validated
+        .profiles
+        .get(profile)
+        .ok_or_else(|| anyhow::anyhow!("no profile named {profile:?} in the policy"))?;
+    Ok(compile_profile_as(base, Form::Observing)?)
+}
+
 /// Refuses an output that is the policy file itself, by name or by inode.
 fn refuse_same_file(output: &Path, policy: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use airlock_policy::seccomp::Form;
 use airlock_protocol::{RunRequest, StdioMode, SupervisorMessage, ToolExit, WorkerMessage};
 
 use super::deadline::{Bounds, sleep_until_precise, wait_cancel};
@@ -46,21 +47,6 @@ impl Supervisor {
         self.run_with(run, None, None, Watching::Learn(log)).await
     }
 
-    /// Runs `run` to diagnose its refusals: its profile's seccomp program is the observing
-    /// form (`airlock_policy::seccomp::Form::Observing`), and each path its tool names that
-    /// the mounts lack (but the host has) or hold read-only, and each connection its network
-    /// cannot make, is listed in `denials` too. Slower (every file syscall waits for the
-    /// supervisor), never less confined; always in a fresh worker. The record then says
-    /// which paths the tool named exist on the host: for the engineer tuning a profile, not
-    /// for calls whose arguments a model wrote.
-    pub async fn run_diagnosing(
-        &self,
-        run: SandboxRun,
-        cancel: Option<&CancelSignal>,
-    ) -> ToolResult {
-        self.run_with(run, cancel, None, Watching::Diagnose).await
-    }
-
     async fn run_with(
         &self,
         run: SandboxRun,
@@ -68,6 +54,12 @@ impl Supervisor {
         network_events: Option<Arc<dyn EventSink>>,
         watching: Watching,
     ) -> ToolResult {
+        // A profile compiled in the observing form is diagnosed: its program hands over
+        // observed syscalls, which the listener must look at and let run.
+        let watching = match watching {
+            Watching::Refusals if run.profile.seccomp_form == Form::Observing => Watching::Diagnose,
+            other => other,
+        };
         let _active = ActiveCall::enter(&self.active);
         if self.closing.is_cancelled() {
             return ToolResult::rejected(

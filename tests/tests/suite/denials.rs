@@ -283,21 +283,25 @@ async fn a_diagnosed_call_names_paths_its_mounts_lack_or_hold_read_only_and_unre
     }
     // Present on the host, outside the profile's binds; a write into the read-only /usr; a
     // connection the profile's empty network cannot make; a path absent everywhere.
-    assert!(std::path::Path::new("/etc/hostname").exists());
+    let outside = airlock_tests::Scratch::under(std::path::Path::new("/var/tmp"), "diagnose");
+    let file = outside.write("outside.txt", "x");
     let script = r#"
 import socket
-for attempt in (lambda: open('/etc/hostname'), lambda: open('/usr/airlock-diagnose', 'w'),
+for attempt in (lambda: open('OUTSIDE'), lambda: open('/usr/airlock-diagnose', 'w'),
                 lambda: open('/nonexistent/airlock'),
                 lambda: socket.create_connection(('192.0.2.1', 80), timeout=5)):
     try:
         attempt()
     except OSError as e:
         print(e.errno)
-"#;
+"#
+    .replace("OUTSIDE", &file.display().to_string());
+    let script = script.as_str();
     let supervisor = airlock_tests::supervisor();
     use airlock_policy::seccomp::Form;
+    // A profile compiled in the observing form makes its calls diagnosed ones.
     let diagnosed = supervisor
-        .run_diagnosing(run_of(default_profile_as(Form::Observing), script), None)
+        .run(run_of(default_profile_as(Form::Observing), script), None)
         .await;
     assert!(diagnosed.ok, "{diagnosed:?}");
     // The syscalls failed as they always do: ENOENT, EROFS, ENOENT, ENETUNREACH (there is
@@ -310,7 +314,11 @@ for attempt in (lambda: open('/etc/hostname'), lambda: open('/usr/airlock-diagno
         .map(|d| (d.layer.as_str(), d.object.as_str(), d.rule.as_deref()))
         .collect();
     assert!(
-        lines.contains(&("mounts", "/etc/hostname", Some("not in the sandbox"))),
+        lines.contains(&(
+            "mounts",
+            file.display().to_string().as_str(),
+            Some("not in the sandbox")
+        )),
         "{lines:?}"
     );
     assert!(
@@ -350,4 +358,31 @@ for attempt in (lambda: open('/etc/hostname'), lambda: open('/usr/airlock-diagno
     let reporting = plain.isolation.as_ref().unwrap().denial_reporting;
     assert_eq!(reporting.mounts, airlock::result::Coverage::Unavailable);
     supervisor.close().await;
+}
+
+#[test]
+fn exec_diagnose_lists_a_read_outside_the_binds_and_a_write_to_a_read_only_path() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let outside = airlock_tests::Scratch::under(std::path::Path::new("/var/tmp"), "diagnose");
+    let file = outside.write("outside.txt", "x");
+    let file = file.display().to_string();
+    let script = format!("cat {file}; echo x > /usr/airlock-diagnose; echo done");
+    let command = ["/bin/sh", "-c", script.as_str()];
+    let result = exec_json(None, &["--diagnose"], &command);
+    assert_eq!(stdout_of(&result), "done\n", "{result}");
+    let denials = result["denials"].as_array().unwrap();
+    let has = |object: &str, rule: &str| {
+        denials
+            .iter()
+            .any(|d| d["layer"] == "mounts" && d["object"] == object && d["rule"] == rule)
+    };
+    assert!(has(&file, "not in the sandbox"), "{result}");
+    assert!(has("/usr/airlock-diagnose", "read-only"), "{result}");
+    assert_eq!(
+        result["isolation"]["denial_reporting"]["mounts"], "reported",
+        "{result}"
+    );
 }
