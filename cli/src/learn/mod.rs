@@ -310,6 +310,12 @@ fn tool_argv(
             refused.error.map_or_else(String::new, |e| e.message)
         )
     })?;
+    if plan.decision == airlock_policy::rules::Decision::Deny {
+        anyhow::bail!(
+            "the gate denies this call (rule {:?}): it would never run, nothing to learn",
+            plan.rule
+        );
+    }
     if let Some(builtin) = plan.builtin {
         anyhow::bail!(
             "{tool} is the built-in {builtin:?}, which runs airlock's own code: nothing to learn"

@@ -260,3 +260,68 @@ fn learning_against_a_policy_file_prints_additions_with_evidence_and_never_write
     }
     assert_eq!(std::fs::read_to_string(&policy).unwrap(), text);
 }
+
+#[test]
+fn a_policy_tools_call_is_learned_against_its_profile() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let data = scratch("learn-tool", false);
+    let file = data.write("notes.txt", "n\n");
+    let policy = data.write(
+        "tools.toml",
+        r#"version = 1
+default_decision = "allow"
+
+[profiles.reader]
+read = ["/usr"]
+read_optional = ["/bin", "/lib", "/lib64", "/etc/ld.so.cache"]
+tmpfs = { "/tmp" = "16MiB" }
+
+[tools.show]
+description = "print a file"
+profile = "reader"
+command = ["/bin/cat", "{path}"]
+side_effect = "read"
+input = { type = "object", properties = { path = { type = "string" } }, required = ["path"] }
+
+[[rules]]
+name = "no-shadow"
+match = "pattern"
+tools = ["show"]
+field = "path"
+patterns = ["shadow"]
+decision = "deny"
+"#,
+    );
+    let policy = policy.display().to_string();
+    let dir = data.0.display().to_string();
+    let input = serde_json::json!({ "path": file.display().to_string() }).to_string();
+    let out = Command::new(airlock_bin())
+        .args([
+            "learn", "--policy", &policy, "--tool", "show", "--input", &input,
+        ])
+        .args(["--read", &dir])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.contains("to profile \"reader\""), "{printed}");
+    assert!(printed.contains(&format!("+ read {dir:?}")), "{printed}");
+    // A call the gate denies would never run: there is nothing to learn from it.
+    let denied = Command::new(airlock_bin())
+        .args(["learn", "--policy", &policy, "--tool", "show"])
+        .args(["--input", r#"{"path": "/etc/shadow"}"#])
+        .output()
+        .unwrap();
+    assert_eq!(denied.status.code(), Some(1), "{denied:?}");
+    assert!(
+        String::from_utf8_lossy(&denied.stderr).contains("the gate denies this call"),
+        "{denied:?}"
+    );
+}
