@@ -776,4 +776,80 @@ mod tests {
         assert_eq!(refused.attempts, 1);
         assert_eq!(refused.error.unwrap().message, "no cgroup");
     }
+
+    #[test]
+    fn denial_reporting_says_which_layers_the_evidence_covers() {
+        use crate::result::Coverage::{Reported, Unavailable};
+        let with = |seccomp: Option<SyscallDenials>, network: Option<EgressSummary>| {
+            result_of(
+                &facts(),
+                Outcome::Worker {
+                    conversation: exit(ExitStatus::Code(0)),
+                    cgroup: Some("v2".into()),
+                    stats: Some(stats(Hit::Nothing)),
+                    network,
+                    seccomp,
+                },
+            )
+            .isolation
+            .unwrap()
+            .denial_reporting
+        };
+        // No listener answered: seccomp cannot be reported; limits always can.
+        let none = with(None, None);
+        assert_eq!(
+            (
+                none.seccomp,
+                none.landlock,
+                none.mounts,
+                none.network,
+                none.limits
+            ),
+            (Unavailable, Unavailable, Unavailable, Unavailable, Reported)
+        );
+        let answered = with(Some(SyscallDenials::default()), None);
+        assert_eq!((answered.seccomp, answered.mounts), (Reported, Unavailable));
+        let proxied = with(None, Some(EgressSummary::default()));
+        assert_eq!(proxied.network, Reported);
+        let diagnosed = with(
+            Some({
+                let mut diagnosed = SyscallDenials::default();
+                diagnosed.diagnosed = true;
+                diagnosed
+            }),
+            None,
+        );
+        assert_eq!(
+            (
+                diagnosed.seccomp,
+                diagnosed.mounts,
+                diagnosed.network,
+                diagnosed.landlock
+            ),
+            (Reported, Reported, Reported, Unavailable)
+        );
+    }
+
+    #[test]
+    fn the_limit_that_ended_a_call_is_in_its_denials() {
+        let spun = on_worker(
+            Conversation::Finished {
+                applied: applied(),
+                report: WorkerMessage::Exited(ToolExit {
+                    status: ExitStatus::Signal(libc::SIGXCPU),
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    stdout_truncated: false,
+                    stderr_truncated: false,
+                    user_cpu_us: 2_000_000,
+                    system_cpu_us: 0,
+                    stopped: false,
+                }),
+            },
+            Hit::Nothing,
+        );
+        let objects: Vec<&str> = spun.denials.iter().map(|d| d.object.as_str()).collect();
+        assert_eq!(kind(&spun), Some(ErrorKind::CpuTimeLimit), "{spun:?}");
+        assert_eq!(objects, ["cpu_time"]);
+    }
 }
