@@ -183,6 +183,14 @@ const BPF_RET_K: u16 = 0x06;
 const ENOSYS: u32 = 38;
 
 impl SeccompSpec {
+    /// Whether the program hands any syscall to a listener: only then does the worker ask
+    /// the kernel for one (a program compiled in the errno form never does).
+    pub fn hands_over(&self) -> bool {
+        self.program
+            .iter()
+            .any(|i| i.code == BPF_RET_K && i.k & RET_ACTION == RET_USER_NOTIF)
+    }
+
     /// The program that refuses what [`SeccompSpec::program`] refuses, with the same errnos,
     /// without a listener: each notifying return becomes the errno return it stands for. For
     /// a kernel that cannot give the worker a listener (one is already in the filter chain,

@@ -368,9 +368,13 @@ pub fn confine_worker(
     //     With a listener, the supervisor answers each refusal with the errno the filter
     //     names and records it; where the kernel cannot give one, the errno form refuses
     //     the same syscalls alike, unreported.
-    let seccomp = match sys::install_seccomp_filter_with_listener(&spec.seccomp.program) {
-        Ok(listener) => Ok(Some(listener)),
-        Err(_) => sys::install_seccomp_filter(&spec.seccomp.errno_form()).map(|()| None),
+    let seccomp = if spec.seccomp.hands_over() {
+        match sys::install_seccomp_filter_with_listener(&spec.seccomp.program) {
+            Ok(listener) => Ok(Some(listener)),
+            Err(_) => sys::install_seccomp_filter(&spec.seccomp.errno_form()).map(|()| None),
+        }
+    } else {
+        sys::install_seccomp_filter(&spec.seccomp.program).map(|()| None)
     };
     let (seccomp_installed, seccomp_listener) = match seccomp {
         Ok(listener) => (true, listener),

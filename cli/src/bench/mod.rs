@@ -2,6 +2,7 @@
 //! run on this machine with the contenders interleaved round by round, so ratios between
 //! them hold even on a noisy shared machine.
 
+mod denials;
 mod egress;
 mod memory;
 
@@ -156,6 +157,8 @@ pub struct Report {
     daemon_memory: Option<DaemonMemory>,
     /// The egress proxy's cost; `None` if it could not be measured (noted).
     egress: Option<egress::EgressBench>,
+    /// What reporting refusals costs a call refused nothing; `None` if not measured (noted).
+    denial_reporting: Option<denials::ReportingCost>,
     notes: Vec<String>,
 }
 
@@ -600,6 +603,15 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             }
         };
 
+        let denial_reporting =
+            match denials::measure(BENCH_POLICY, args.rounds, crate::supervisor_options()).await {
+                Ok(measured) => Some(measured),
+                Err(why) => {
+                    notes.push(format!("denial reporting not measured: {why}"));
+                    None
+                }
+            };
+
         // Memory: the supervisor idle, then with N idle pooled workers.
         drop(gate);
         pooled.close().await;
@@ -656,6 +668,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             pool_workers: args.pool_workers,
             daemon_memory,
             egress,
+            denial_reporting,
             notes,
         })
     })?;
@@ -747,6 +760,9 @@ fn print_table(report: &Report) {
     );
     if let Some(e) = &report.egress {
         egress::print(e);
+    }
+    if let Some(cost) = &report.denial_reporting {
+        denials::print(cost);
     }
     for note in &report.notes {
         println!("note: {note}");
