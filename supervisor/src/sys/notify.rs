@@ -90,14 +90,21 @@ pub fn receive_notification(fd: BorrowedFd<'_>) -> io::Result<Notification> {
 /// Fails the notified syscall `id` with `errno` (positive). `ENOENT` when its process is
 /// gone already.
 pub fn refuse_notification(fd: BorrowedFd<'_>, id: u64, errno: i32) -> io::Result<()> {
-    let mut response = libc::seccomp_notif_resp {
-        id,
-        val: 0,
-        error: -errno,
-        flags: 0,
-    };
+    respond(
+        fd,
+        libc::seccomp_notif_resp {
+            id,
+            val: 0,
+            error: -errno,
+            flags: 0,
+        },
+    )
+}
+
+/// Sends one answer to a notification.
+fn respond(fd: BorrowedFd<'_>, mut response: libc::seccomp_notif_resp) -> io::Result<()> {
     // SAFETY: the ioctl reads one seccomp_notif_resp from `response`, which lives for the
-    // call; `flags` 0 means the syscall fails with `error` and does not run.
+    // call.
     let ret = unsafe {
         libc::ioctl(
             fd.as_raw_fd(),
@@ -166,26 +173,15 @@ pub fn read_tool_memory(
 /// Only for a filter whose program hands over allowed syscalls to be observed (`airlock
 /// learn`); never for one the program refuses.
 pub fn continue_notification(fd: BorrowedFd<'_>, id: u64) -> io::Result<()> {
-    let mut response = libc::seccomp_notif_resp {
-        id,
-        val: 0,
-        error: 0,
-        flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
-    };
-    // SAFETY: the ioctl reads one seccomp_notif_resp from `response`, which lives for the
-    // call.
-    let ret = unsafe {
-        libc::ioctl(
-            fd.as_raw_fd(),
-            libc::SECCOMP_IOCTL_NOTIF_SEND,
-            &mut response as *mut libc::seccomp_notif_resp,
-        )
-    };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    respond(
+        fd,
+        libc::seccomp_notif_resp {
+            id,
+            val: 0,
+            error: 0,
+            flags: libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32,
+        },
+    )
 }
 
 /// Where `path` (absolute, as a tool named it) stands in process `pid`'s own root: resolved
