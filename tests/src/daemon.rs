@@ -138,7 +138,20 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// SIGTERM first: the daemon then closes its sessions, whose workspaces (tmpfs mounts on
+    /// the host, as root) a SIGKILL would leave mounted below a scratch directory nobody
+    /// reuses. SIGKILL if it has not ended by the hang guard.
     fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill has no memory preconditions; the pid is our own child's, which
+            // has not been waited for, so it cannot have been reused.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = std::time::Instant::now() + crate::HANG_GUARD;
+            while matches!(self.child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

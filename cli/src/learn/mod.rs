@@ -3,7 +3,7 @@
 //! it would add, each line with its evidence.
 //!
 //! The learning run is the base profile widened: the host's system trees (`/etc`, `/opt`,
-//! `/srv`, `/var` and the `/usr` family) read-only, the directories given with `--read` and
+//! `/srv` and the `/usr` family) read-only, the directories given with `--read` and
 //! `--write`, and the learning form of the seccomp program, which hands every syscall that
 //! names a path or a destination, and every syscall outside the allowlist that a profile
 //! could allow, to the supervisor to be recorded and then let run. That is less confined
@@ -83,9 +83,11 @@ pub fn run_learn(args: &LearnArgs) -> ExitCode {
     }
 }
 
-/// Top-level host trees a learning run sees read-only, where they exist.
-const SYSTEM_TREES: [&str; 11] = [
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/srv", "/var",
+/// Top-level host trees a learning run sees read-only, where they exist. Not `/var`: what
+/// lives there is state (caches, spools, other services' data, container storage with its
+/// own mounts) that a profile should name through `--read` if a command needs it.
+const SYSTEM_TREES: [&str; 10] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/srv",
 ];
 
 fn learn(args: &LearnArgs) -> anyhow::Result<ExitCode> {

@@ -35,8 +35,9 @@ impl Supervisor {
         cancel: Option<&CancelSignal>,
         network_events: Option<Arc<dyn EventSink>>,
     ) -> ToolResult {
-        self.run_with(run, cancel, network_events, Watching::Refusals)
-            .await
+        // Boxed: a call's state is large (more so unoptimised), and a caller that blocks on
+        // it keeps the future on its own stack, a test thread's 2 MiB among them.
+        Box::pin(self.run_with(run, cancel, network_events, Watching::Refusals)).await
     }
 
     /// Runs `run` to learn a profile for it (`airlock learn`): its profile's seccomp program
@@ -44,7 +45,7 @@ impl Supervisor {
     /// syscalls are recorded into `log` and let run. Always in a fresh worker, never a
     /// pooled one.
     pub async fn run_learning(&self, run: SandboxRun, log: ObservationLog) -> ToolResult {
-        self.run_with(run, None, None, Watching::Learn(log)).await
+        Box::pin(self.run_with(run, None, None, Watching::Learn(log))).await
     }
 
     async fn run_with(
