@@ -4,6 +4,7 @@
 
 mod egress;
 mod memory;
+mod oneshot;
 
 use memory::{
     DaemonMemory, measure_daemon_memory, pooled_workers_of, pss_kib, rss_kib, status_kib,
@@ -41,6 +42,14 @@ pub struct BenchArgs {
     /// cold: the refill cannot run ahead of two clients with only two workers in hand.
     #[arg(long, default_value_t = 8)]
     throughput_pool: usize,
+    /// Rounds of the one-shot (whole process) section; 0 skips it.
+    #[arg(long, default_value_t = 60)]
+    oneshot_rounds: usize,
+    /// Another airlock binary to measure in the one-shot section beside this one, as
+    /// LABEL=PATH (one built with `AIRLOCK_WORKER_TARGET=x86_64-unknown-linux-gnu`, say, to
+    /// compare the glibc worker with the musl one in the same run). Repeatable.
+    #[arg(long, value_name = "LABEL=PATH")]
+    also: Vec<String>,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -156,6 +165,9 @@ pub struct Report {
     daemon_memory: Option<DaemonMemory>,
     /// The egress proxy's cost; `None` if it could not be measured (noted).
     egress: Option<egress::EgressBench>,
+    /// Whole `airlock exec` and `airlock run` processes against bwrap; `None` if skipped
+    /// or not measured (noted).
+    oneshot: Option<oneshot::OneshotBench>,
     notes: Vec<String>,
 }
 
@@ -363,6 +375,29 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
     {
         notes.push("bwrap is installed but failed to run /bin/true here".to_string());
     }
+    // First, while no supervisor of this process reaps workers (see `oneshot`).
+    let oneshot = if args.oneshot_rounds == 0 {
+        None
+    } else {
+        let worker = match env!("AIRLOCK_WORKER_TARGET") {
+            "" => "self as worker".to_string(),
+            target => format!("{target} worker"),
+        };
+        let mut airlocks = vec![(worker, me.clone())];
+        for also in &args.also {
+            let (label, path) = also
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--also: {also:?} is not LABEL=PATH"))?;
+            airlocks.push((label.to_string(), PathBuf::from(path)));
+        }
+        match oneshot::measure(args.oneshot_rounds, bwrap.as_deref(), &airlocks) {
+            Ok(measured) => Some(measured),
+            Err(why) => {
+                notes.push(format!("one-shot runs not measured: {why}"));
+                None
+            }
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -656,6 +691,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             pool_workers: args.pool_workers,
             daemon_memory,
             egress,
+            oneshot,
             notes,
         })
     })?;
@@ -747,6 +783,9 @@ fn print_table(report: &Report) {
     );
     if let Some(e) = &report.egress {
         egress::print(e);
+    }
+    if let Some(o) = &report.oneshot {
+        oneshot::print(o);
     }
     for note in &report.notes {
         println!("note: {note}");
