@@ -224,6 +224,15 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// The runtime of a one-shot `exec` or `run`: one call has nothing to run in parallel, and
+/// on the calling thread it needs no worker threads started (two clones, their stacks) nor
+/// a cross-thread wake-up for each event of the call.
+fn one_shot_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_exec(
     policy: &CompiledPolicy,
@@ -258,7 +267,7 @@ fn run_exec(
         ];
         Some(stdio)
     };
-    let runtime = runtime()?;
+    let runtime = one_shot_runtime()?;
     let result = runtime.block_on(async {
         let supervisor = Supervisor::start(SupervisorOptions {
             sandbox_host_id: sandbox_uid,
@@ -325,7 +334,7 @@ fn run_tool(
         ..CallOptions::default()
     };
     let audit = open_audit(flags.audit.as_ref())?;
-    let runtime = runtime()?;
+    let runtime = one_shot_runtime()?;
     let outcome = runtime.block_on(async {
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
             sandbox_host_id: flags.sandbox_uid,
@@ -397,7 +406,7 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
         eprintln!("{warning}");
     }
     let audit = open_audit(flags.audit.as_ref())?;
-    let runtime = runtime()?;
+    let runtime = one_shot_runtime()?;
     runtime.block_on(async move {
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
             sandbox_host_id: flags.sandbox_uid,
