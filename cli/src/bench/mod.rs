@@ -2,6 +2,7 @@
 //! run on this machine with the contenders interleaved round by round, so ratios between
 //! them hold even on a noisy shared machine.
 
+mod burst;
 mod egress;
 mod memory;
 mod oneshot;
@@ -50,6 +51,19 @@ pub struct BenchArgs {
     /// compare the glibc worker with the musl one in the same run). Repeatable.
     #[arg(long, value_name = "LABEL=PATH")]
     also: Vec<String>,
+    /// Burst sizes: that many concurrent sleeping calls through `airlock serve`, against as
+    /// many concurrent bwraps.
+    #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1024])]
+    burst: Vec<usize>,
+    /// Leave the burst section out.
+    #[arg(long)]
+    no_burst: bool,
+    /// Seconds each call of a burst sleeps.
+    #[arg(long, default_value_t = 2.0)]
+    burst_sleep_seconds: f64,
+    /// Seconds of quiet after the last burst before the daemon's memory is read again.
+    #[arg(long, default_value_t = 10.0)]
+    burst_settle_seconds: f64,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -86,6 +100,13 @@ input = { type = "object" }
 [tools.read]
 description = "reads a file (built-in)"
 builtin = "read_file"
+
+[tools.nap]
+description = "sleeps as long as asked"
+command = ["/bin/sleep", "{seconds}"]
+side_effect = "read"
+concurrency_safe = true
+input = { type = "object", properties = { seconds = { type = "string", pattern = "^[0-9]{1,3}(\\.[0-9]{1,3})?$" } }, required = ["seconds"] }
 
 [tools.sleep]
 description = "sleeps"
@@ -165,6 +186,9 @@ pub struct Report {
     daemon_memory: Option<DaemonMemory>,
     /// The egress proxy's cost; `None` if it could not be measured (noted).
     egress: Option<egress::EgressBench>,
+    /// Concurrent sleeping calls through the daemon against concurrent bwraps; `None` if
+    /// skipped or not measured (noted).
+    burst: Option<burst::BurstBench>,
     /// Whole `airlock exec` and `airlock run` processes against bwrap; `None` if skipped
     /// or not measured (noted).
     oneshot: Option<oneshot::OneshotBench>,
@@ -208,8 +232,13 @@ fn bwrap_path() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// bwrap with a root comparable to the default profile's.
+/// bwrap with a root comparable to the default profile's, running /bin/true.
 fn bwrap_command(bwrap: &Path) -> Command {
+    bwrap_command_running(bwrap, &["/bin/true"])
+}
+
+/// bwrap with a root comparable to the default profile's, running `argv`.
+fn bwrap_command_running(bwrap: &Path, argv: &[&str]) -> Command {
     let mut command = Command::new(bwrap);
     command.args([
         "--unshare-all",
@@ -224,15 +253,8 @@ fn bwrap_command(bwrap: &Path) -> Command {
             command.arg("--symlink").arg(target).arg(format!("/{link}"));
         }
     }
-    command.args([
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        "/bin/true",
-    ]);
+    command.args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+    command.args(argv);
     command
 }
 
@@ -394,6 +416,24 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             Ok(measured) => Some(measured),
             Err(why) => {
                 notes.push(format!("one-shot runs not measured: {why}"));
+                None
+            }
+        }
+    };
+    let burst = if args.no_burst || args.burst.is_empty() {
+        None
+    } else {
+        let plan = burst::BurstPlan {
+            counts: args.burst.clone(),
+            sleep: Duration::try_from_secs_f64(args.burst_sleep_seconds)
+                .map_err(|e| anyhow::anyhow!("--burst-sleep-seconds: {e}"))?,
+            settle: Duration::try_from_secs_f64(args.burst_settle_seconds)
+                .map_err(|e| anyhow::anyhow!("--burst-settle-seconds: {e}"))?,
+        };
+        match burst::measure(&me, bwrap.as_deref(), &plan) {
+            Ok(measured) => Some(measured),
+            Err(why) => {
+                notes.push(format!("bursts not measured: {why}"));
                 None
             }
         }
@@ -692,6 +732,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             daemon_memory,
             egress,
             oneshot,
+            burst,
             notes,
         })
     })?;
@@ -786,6 +827,9 @@ fn print_table(report: &Report) {
     }
     if let Some(o) = &report.oneshot {
         oneshot::print(o);
+    }
+    if let Some(b) = &report.burst {
+        burst::print(b);
     }
     for note in &report.notes {
         println!("note: {note}");
