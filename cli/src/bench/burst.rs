@@ -51,6 +51,8 @@ pub struct Burst {
     bwrap_overhead_per_call_ms: Option<f64>,
     /// Calls that did not succeed (refused, overloaded, failed).
     airlock_failed: usize,
+    /// Why, by error kind (or the client's own failure), with counts.
+    airlock_failures: std::collections::BTreeMap<String, usize>,
     bwrap_failed: usize,
     /// The most calls the daemon reported in flight at once.
     peak_in_flight: u64,
@@ -124,30 +126,46 @@ fn sample_daemon(pid: &str, socket: &Path, stop: &AtomicBool) -> (u64, u64) {
     best
 }
 
-/// `calls` concurrent clients, one connection and one call each; (seconds, failures).
-async fn airlock_burst(socket: &Path, calls: usize, arguments: &str) -> (f64, usize) {
+/// `calls` concurrent clients, one connection and one call each; (seconds, failures by
+/// why).
+async fn airlock_burst(
+    socket: &Path,
+    calls: usize,
+    arguments: &str,
+) -> (f64, std::collections::BTreeMap<String, usize>) {
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(calls);
     for _ in 0..calls {
         let socket = socket.to_path_buf();
         let arguments = arguments.to_string();
         tasks.push(tokio::spawn(async move {
-            let mut client = airlock::daemon::DaemonClient::connect(&socket).await.ok()?;
-            let result = client.call("nap", &arguments).await.ok()?;
-            result
+            let mut client = airlock::daemon::DaemonClient::connect(&socket)
+                .await
+                .map_err(|e| format!("connect: {e}"))?;
+            let result = client
+                .call("nap", &arguments)
+                .await
+                .map_err(|e| format!("call: {e}"))?;
+            if result.0.get("ok") == Some(&serde_json::Value::Bool(true)) {
+                return Ok(());
+            }
+            let kind = result
                 .0
-                .get("ok")
-                .and_then(serde_json::Value::as_bool)
-                .filter(|ok| *ok)
+                .pointer("/error/kind")
+                .or_else(|| result.0.pointer("/code"))
+                .map_or_else(|| "unknown".to_string(), |k| k.to_string());
+            Err(kind)
         }));
     }
-    let mut failed = 0;
+    let mut failures = std::collections::BTreeMap::new();
     for task in tasks {
-        if !matches!(task.await, Ok(Some(true))) {
-            failed += 1;
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => *failures.entry(why).or_insert(0) += 1,
+            Err(_) => *failures.entry("client task".to_string()).or_insert(0) += 1,
         }
     }
-    (started.elapsed().as_secs_f64(), failed)
+    (started.elapsed().as_secs_f64(), failures)
 }
 
 /// Measures each burst size, airlock's and bwrap's in turn (the order alternating).
@@ -237,7 +255,7 @@ fn measure_with_daemon(
             let (pid, socket, stop) = (pid.to_string(), socket.to_path_buf(), Arc::clone(&stop));
             std::thread::spawn(move || sample_daemon(&pid, &socket, &stop))
         };
-        let (seconds, failed) = runtime.block_on(airlock_burst(socket, calls, &arguments));
+        let (seconds, failures) = runtime.block_on(airlock_burst(socket, calls, &arguments));
         stop.store(true, Ordering::SeqCst);
         let (peak_in_flight, rss_at_peak) = sampler.join().unwrap_or((0, 0));
         if !bwrap_first {
@@ -252,7 +270,8 @@ fn measure_with_daemon(
             overhead_vs_bwrap: bwrap_overhead.filter(|b| *b > 0.0).map(|b| overhead / b),
             airlock_overhead_per_call_ms: overhead * 1e3 / calls as f64,
             bwrap_overhead_per_call_ms: bwrap_overhead.map(|b| b * 1e3 / calls as f64),
-            airlock_failed: failed,
+            airlock_failed: failures.values().sum(),
+            airlock_failures: failures,
             bwrap_failed: bwrap_run.map_or(0, |(_, f)| f),
             peak_in_flight,
             rss_at_peak_kib: rss_at_peak,
@@ -315,6 +334,16 @@ pub fn print(bench: &BurstBench) {
             format!("{}/{}", b.airlock_failed, b.bwrap_failed),
             b.peak_in_flight,
             b.rss_per_in_flight_call_kib,
+        );
+    }
+    for b in bench
+        .bursts
+        .iter()
+        .filter(|b| !b.airlock_failures.is_empty())
+    {
+        println!(
+            "  {} calls: airlock failures {:?}",
+            b.calls, b.airlock_failures
         );
     }
     println!(
