@@ -108,16 +108,23 @@ impl WorkerChannel {
                     Err(e) => return Err(ChannelError::Violation(e.to_string())),
                 }
             }
-            let mut buffer = [0u8; 64 * 1024];
             // recvmsg rather than read: a descriptor the worker passes arrives with the
             // bytes it was sent with, and a plain read would drop it on the floor.
             let received = loop {
                 self.stream.readable().await?;
+                // Made after the wait, never alive across it: a buffer alive across an
+                // await lives in the call's future, 64 KiB of heap per call in flight.
+                let mut buffer = [0u8; 64 * 1024];
                 match self.stream.try_io(Interest::READABLE, || {
                     sys::receive_with_descriptors(&self.stream, &mut buffer)
                 }) {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    other => break other?,
+                    other => {
+                        let received = other?;
+                        self.pending
+                            .extend_from_slice(&buffer[..received.bytes.min(buffer.len())]);
+                        break received;
+                    }
                 }
             };
             if received.truncated {
@@ -138,7 +145,6 @@ impl WorkerChannel {
                     Err(e) => Err(ChannelError::Violation(e.to_string())),
                 };
             }
-            self.pending.extend_from_slice(&buffer[..n]);
         }
     }
 }
