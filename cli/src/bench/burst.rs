@@ -168,9 +168,10 @@ async fn airlock_burst(
     (started.elapsed().as_secs_f64(), failures)
 }
 
-/// Measures each burst size, airlock's and bwrap's in turn (the order alternating).
+/// Measures each burst size through `airlock`'s `serve` and with bwrap, in turn (the
+/// order alternating).
 pub fn measure(
-    me: &Path,
+    airlock: &Path,
     bwrap: Option<&Path>,
     plan: &BurstPlan,
 ) -> Result<BurstBench, BurstError> {
@@ -186,7 +187,7 @@ pub fn measure(
     let most = plan.counts.iter().copied().max().unwrap_or(1).max(1);
     // Limits above the largest burst: none of its calls may be refused.
     let limit = (most + 16).to_string();
-    let mut daemon = Command::new(me)
+    let mut daemon = Command::new(airlock)
         .arg("serve")
         .arg("--policy")
         .arg(&policy)

@@ -64,6 +64,10 @@ pub struct BenchArgs {
     /// Seconds of quiet after the last burst before the daemon's memory is read again.
     #[arg(long, default_value_t = 10.0)]
     burst_settle_seconds: f64,
+    /// The airlock binary whose `serve` the bursts go through (default: this one), to
+    /// compare two builds' daemons with the same client.
+    #[arg(long)]
+    burst_daemon: Option<PathBuf>,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -430,7 +434,8 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             settle: Duration::try_from_secs_f64(args.burst_settle_seconds)
                 .map_err(|e| anyhow::anyhow!("--burst-settle-seconds: {e}"))?,
         };
-        match burst::measure(&me, bwrap.as_deref(), &plan) {
+        let daemon = args.burst_daemon.as_ref().unwrap_or(&me);
+        match burst::measure(daemon, bwrap.as_deref(), &plan) {
             Ok(measured) => Some(measured),
             Err(why) => {
                 notes.push(format!("bursts not measured: {why}"));
