@@ -158,6 +158,17 @@ pub struct ThroughputRatio {
     slices: u32,
 }
 
+/// The latency of the throughput runs' calls (pooled, unless the pool ran empty: see
+/// `pool_during_throughput`), with `clients` clients calling back to back.
+#[derive(Debug, Clone, Serialize)]
+pub struct TailLatency {
+    clients: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    p99_over_p50: f64,
+    samples: usize,
+}
+
 /// Everything `bench` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -170,6 +181,8 @@ pub struct Report {
     /// How the throughput runs' calls were served: by a pooled worker, or cold because the
     /// pool was empty.
     pool_during_throughput: Vec<PoolUse>,
+    /// The throughput runs' call latencies, at full load.
+    latency_under_load: Vec<TailLatency>,
     /// Idle pooled workers kept during the throughput runs.
     throughput_pool: usize,
     deadline_to_reaped_ms: Latency,
@@ -292,34 +305,40 @@ where
 /// Calls completed by `clients` concurrent clients in about `seconds`, and the seconds taken.
 /// Each client makes at least one call, so a machine slower than a short slice still gives
 /// a rate.
-async fn throughput(gate: &Arc<Gate>, clients: usize, seconds: f64) -> (u64, f64) {
+/// Also each successful call's latency, milliseconds.
+async fn throughput(gate: &Arc<Gate>, clients: usize, seconds: f64) -> (u64, f64, Vec<f64>) {
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(seconds);
     let mut handles = Vec::new();
     for client in 0..clients {
         let gate = Arc::clone(gate);
         handles.push(tokio::spawn(async move {
-            let mut done = 0u64;
+            let mut latencies = Vec::new();
             loop {
                 let call = ToolCall {
-                    call_id: format!("t{client}-{done}"),
+                    call_id: format!("t{client}-{}", latencies.len()),
                     tool: "true".into(),
                     arguments: "{}".into(),
                 };
+                let call_started = Instant::now();
                 if gate.call(&call, &CallOptions::default()).await.ok {
-                    done += 1;
+                    latencies.push(call_started.elapsed().as_secs_f64() * 1e3);
                 }
                 if Instant::now() >= until {
-                    break done;
+                    break latencies;
                 }
             }
         }));
     }
-    let mut total = 0;
+    let mut latencies = Vec::new();
     for handle in handles {
-        total += handle.await.unwrap_or(0);
+        latencies.extend(handle.await.unwrap_or_default());
     }
-    (total, started.elapsed().as_secs_f64())
+    (
+        latencies.len() as u64,
+        started.elapsed().as_secs_f64(),
+        latencies,
+    )
 }
 
 /// Calls and seconds summed over one contender's throughput slices.
@@ -605,12 +624,14 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         pooled.keep_warm(Arc::clone(&profile), args.throughput_pool);
         let gate = Arc::new(Gate::new(Arc::clone(&pooled), policy.clone()));
         let mut ratios = Vec::new();
+        let mut tail = Vec::new();
         let slices = args.throughput_slices;
         let slice_seconds = args.throughput_seconds / f64::from(slices);
         for clients in [1usize, 2] {
             let mut airlock = SliceTotals::default();
             let mut bwrap_totals = SliceTotals::default();
             let mut slice_ratios = Vec::new();
+            let mut call_latencies = Vec::new();
             for slice in 0..slices {
                 // ABBA: airlock first in even slices, bwrap first in odd ones. Each slice
                 // starts on a quiet supervisor (pool full, nothing being reaped), so neither
@@ -625,7 +646,8 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 settle(&pooled, args.throughput_pool, &[]).await;
                 let before = pooled.pool_stats();
                 let started = Instant::now();
-                let (calls, _) = throughput(&gate, clients, slice_seconds).await;
+                let (calls, _, latencies) = throughput(&gate, clients, slice_seconds).await;
+                call_latencies.extend(latencies);
                 // The slice ends where it began: with the pool refilled to what it held
                 // and every used worker reaped. So each call counted paid, on the clock, for
                 // making a worker and for its clean-up, as in a steady state.
@@ -648,6 +670,14 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 }
             }
             let rate = airlock.rate();
+            let (_, p50, p99, samples) = summarize("", call_latencies);
+            tail.push(TailLatency {
+                clients,
+                p50_ms: p50,
+                p99_ms: p99,
+                p99_over_p50: p99 / p50,
+                samples,
+            });
             airlock_tp.push((format!("{clients} client(s), warm pooled /bin/true"), rate));
             pool_during_tp.push(PoolUse {
                 clients,
@@ -724,6 +754,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             bwrap_throughput_calls_per_s: bwrap_tp,
             throughput_vs_bwrap: ratios,
             pool_during_throughput: pool_during_tp,
+            latency_under_load: tail,
             throughput_pool: args.throughput_pool,
             deadline_to_reaped_ms: deadline,
             supervisor_rss_idle_kib: rss_idle,
@@ -788,6 +819,12 @@ fn print_table(report: &Report) {
             pool.misses,
             pool.refill_seconds * 1e3,
             pool.cgroups_reused
+        );
+    }
+    for t in &report.latency_under_load {
+        println!(
+            "  airlock, {} client(s) at full load: call p50 {:.3} ms, p99 {:.3} ms (p99/p50 {:.2}, {} calls)",
+            t.clients, t.p50_ms, t.p99_ms, t.p99_over_p50, t.samples
         );
     }
     println!("\nmemory");
