@@ -148,3 +148,20 @@ impl WorkerChannel {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// Every call in flight holds its wait for the worker's report as a future on the heap;
+    /// a receive buffer alive across that wait made each one 64 KiB.
+    #[tokio::test]
+    async fn waiting_for_a_message_holds_no_receive_buffer() {
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        let mut channel = WorkerChannel::new(ours, 1 << 20);
+        let waiting = channel.receive();
+        let size = std::mem::size_of_val(&waiting);
+        assert!(size < 4096, "a receive waits in {size} bytes");
+    }
+}
