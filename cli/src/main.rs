@@ -282,6 +282,15 @@ impl OneShot {
     }
 }
 
+/// Ends a one-shot run once its supervisor is closed (every worker reaped, every cgroup
+/// removed) without waiting for threads: the process exits next. Dropping them would join
+/// the spawner thread and the runtime's idle blocking thread, wall time after the result
+/// with nothing left to clean up.
+fn leave_behind(runtime: tokio::runtime::Runtime, supervisor: Arc<Supervisor>) {
+    runtime.shutdown_background();
+    std::mem::forget(supervisor);
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_exec(
     policy: &CompiledPolicy,
@@ -317,6 +326,7 @@ fn run_exec(
         Some(stdio)
     };
     let (runtime, supervisor) = one_shot.started()?;
+    let supervisor = Arc::new(supervisor);
     let result = runtime.block_on(async {
         let run = SandboxRun {
             call_id: random_call_id(),
@@ -334,6 +344,7 @@ fn run_exec(
         supervisor.close().await;
         anyhow::Ok(result)
     })?;
+    leave_behind(runtime, supervisor);
     if json {
         write_stdout(&format!("{}\n", serde_json::to_string_pretty(&result)?))?;
     } else if let Some(error) = result
@@ -379,8 +390,8 @@ fn run_tool(
     };
     let audit = open_audit(flags.audit.as_ref())?;
     let (runtime, supervisor) = flags.one_shot.started()?;
+    let supervisor = Arc::new(supervisor);
     let outcome = runtime.block_on(async {
-        let supervisor = Arc::new(supervisor);
         let mut gate = Gate::new(Arc::clone(&supervisor), policy);
         if let Some(audit) = audit {
             gate = gate.with_audit(audit);
@@ -395,6 +406,7 @@ fn run_tool(
         supervisor.close().await;
         anyhow::Ok((serde_json::to_string_pretty(&result)?, result.ok))
     })?;
+    leave_behind(runtime, supervisor);
     write_stdout(&format!("{}\n", outcome.0))?;
     Ok(if outcome.1 {
         ExitCode::SUCCESS
