@@ -241,6 +241,73 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// A one-shot `exec` or `run`: its runtime, and its supervisor being started on another
+/// thread while this one loads the policy. Sealing the worker image and finding the cgroups
+/// take about as long as loading a policy and neither needs the other, so on two cores the
+/// call starts that much sooner; the work done is the same.
+struct OneShot {
+    /// Taken with the supervisor by [`OneShot::started`].
+    runtime: Option<tokio::runtime::Runtime>,
+    /// Taken by [`OneShot::started`]; otherwise joined on drop, so that a run given up
+    /// (an invalid policy) does not exit while the supervisor is still setting up.
+    starting: Option<Starting>,
+}
+
+type Starting = std::thread::JoinHandle<Result<Supervisor, airlock::sandbox::SupervisorError>>;
+
+impl Drop for OneShot {
+    fn drop(&mut self) {
+        if let Some(starting) = self.starting.take() {
+            let _ = starting.join();
+        }
+    }
+}
+
+impl OneShot {
+    fn start(sandbox_uid: Option<u32>) -> anyhow::Result<Self> {
+        // One call has nothing to run in parallel: on the calling thread it needs no worker
+        // threads started (two clones, their stacks) nor a cross-thread wake-up for each of
+        // the call's events.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let starting = std::thread::Builder::new()
+            .name("airlock-start".into())
+            .spawn(move || {
+                let _runtime = handle.enter();
+                Supervisor::start(SupervisorOptions {
+                    sandbox_host_id: sandbox_uid,
+                    ..supervisor_options()
+                })
+            })?;
+        Ok(Self {
+            runtime: Some(runtime),
+            starting: Some(starting),
+        })
+    }
+
+    /// Waits for the supervisor.
+    fn started(mut self) -> anyhow::Result<(tokio::runtime::Runtime, Supervisor)> {
+        let (Some(runtime), Some(starting)) = (self.runtime.take(), self.starting.take()) else {
+            anyhow::bail!("the supervisor was already taken");
+        };
+        let supervisor = starting
+            .join()
+            .map_err(|_| anyhow::anyhow!("starting the supervisor panicked"))??;
+        Ok((runtime, supervisor))
+    }
+}
+
+/// Ends a one-shot run once its supervisor is closed (every worker reaped, every cgroup
+/// removed) without waiting for threads: the process exits next. Dropping them would join
+/// the spawner thread and the runtime's idle blocking thread, wall time after the result
+/// with nothing left to clean up.
+fn leave_behind(runtime: tokio::runtime::Runtime, supervisor: Arc<Supervisor>) {
+    runtime.shutdown_background();
+    std::mem::forget(supervisor);
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_exec(
     policy: &CompiledPolicy,
@@ -248,7 +315,7 @@ fn run_exec(
     timeout: Option<&str>,
     memory: Option<&str>,
     json: bool,
-    sandbox_uid: Option<u32>,
+    one_shot: OneShot,
     command: Vec<String>,
 ) -> anyhow::Result<ExitCode> {
     let mut profile = policy
@@ -275,12 +342,9 @@ fn run_exec(
         ];
         Some(stdio)
     };
-    let runtime = runtime()?;
+    let (runtime, supervisor) = one_shot.started()?;
+    let supervisor = Arc::new(supervisor);
     let result = runtime.block_on(async {
-        let supervisor = Supervisor::start(SupervisorOptions {
-            sandbox_host_id: sandbox_uid,
-            ..supervisor_options()
-        })?;
         let run = SandboxRun {
             call_id: random_call_id(),
             tool: "exec".into(),
@@ -297,6 +361,7 @@ fn run_exec(
         supervisor.close().await;
         anyhow::Ok(result)
     })?;
+    leave_behind(runtime, supervisor);
     if json {
         write_stdout(&format!("{}\n", serde_json::to_string_pretty(&result)?))?;
     } else if let Some(error) = result
@@ -314,10 +379,9 @@ fn run_exec(
 }
 
 /// What `airlock run` was asked to do, besides the call itself.
-#[derive(Debug)]
 struct RunFlags {
     call_id: Option<String>,
-    sandbox_uid: Option<u32>,
+    one_shot: OneShot,
     dry_run: bool,
     plan_mode: bool,
     session: Option<String>,
@@ -342,12 +406,9 @@ fn run_tool(
         ..CallOptions::default()
     };
     let audit = open_audit(flags.audit.as_ref())?;
-    let runtime = runtime()?;
+    let (runtime, supervisor) = flags.one_shot.started()?;
+    let supervisor = Arc::new(supervisor);
     let outcome = runtime.block_on(async {
-        let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
-            sandbox_host_id: flags.sandbox_uid,
-            ..supervisor_options()
-        })?);
         let mut gate = Gate::new(Arc::clone(&supervisor), policy);
         if let Some(audit) = audit {
             gate = gate.with_audit(audit);
@@ -362,6 +423,7 @@ fn run_tool(
         supervisor.close().await;
         anyhow::Ok((serde_json::to_string_pretty(&result)?, result.ok))
     })?;
+    leave_behind(runtime, supervisor);
     write_stdout(&format!("{}\n", outcome.0))?;
     Ok(if outcome.1 {
         ExitCode::SUCCESS
@@ -495,27 +557,27 @@ fn main() -> ExitCode {
             diagnose,
             sandbox_uid,
             command,
-        } => load_policy(policy.as_ref(), preset.as_deref(), presets::DEFAULT_PRESET).and_then(
-            |mut loaded| {
-                if diagnose {
-                    let observing =
-                        learn::observing_profile(policy.as_ref(), preset.as_deref(), &profile)?;
-                    loaded
-                        .policy
-                        .profiles
-                        .insert(profile.clone(), Arc::new(observing));
-                }
-                run_exec(
-                    &loaded.policy,
-                    &profile,
-                    timeout.as_deref(),
-                    memory.as_deref(),
-                    json,
-                    sandbox_uid,
-                    command,
-                )
-            },
-        ),
+        } => OneShot::start(sandbox_uid).and_then(|one_shot| {
+            let mut loaded =
+                load_policy(policy.as_ref(), preset.as_deref(), presets::DEFAULT_PRESET)?;
+            if diagnose {
+                let observing =
+                    learn::observing_profile(policy.as_ref(), preset.as_deref(), &profile)?;
+                loaded
+                    .policy
+                    .profiles
+                    .insert(profile.clone(), Arc::new(observing));
+            }
+            run_exec(
+                &loaded.policy,
+                &profile,
+                timeout.as_deref(),
+                memory.as_deref(),
+                json,
+                one_shot,
+                command,
+            )
+        }),
         Command::Run {
             policy,
             preset,
@@ -527,18 +589,18 @@ fn main() -> ExitCode {
             plan_mode,
             session,
             audit,
-        } => {
+        } => OneShot::start(sandbox_uid).and_then(|one_shot| {
             let flags = RunFlags {
                 call_id,
-                sandbox_uid,
+                one_shot,
                 dry_run,
                 plan_mode,
                 session,
                 audit,
             };
-            load_policy(policy.as_ref(), preset.as_deref(), "examples")
-                .and_then(|loaded| run_tool(loaded.policy, tool, &input, flags))
-        }
+            let loaded = load_policy(policy.as_ref(), preset.as_deref(), "examples")?;
+            run_tool(loaded.policy, tool, &input, flags)
+        }),
         Command::Schema { daemon } => write_stdout(if daemon {
             airlock::daemon::PROTOCOL_SCHEMA
         } else {

@@ -109,16 +109,23 @@ impl WorkerChannel {
                     Err(e) => return Err(ChannelError::Violation(e.to_string())),
                 }
             }
-            let mut buffer = [0u8; 64 * 1024];
             // recvmsg rather than read: a descriptor the worker passes arrives with the
             // bytes it was sent with, and a plain read would drop it on the floor.
             let received = loop {
                 self.stream.readable().await?;
+                // Made after the wait, never alive across it: a buffer alive across an
+                // await lives in the call's future, 64 KiB of heap per call in flight.
+                let mut buffer = [0u8; 64 * 1024];
                 match self.stream.try_io(Interest::READABLE, || {
                     sys::receive_with_descriptors(&self.stream, &mut buffer)
                 }) {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                    other => break other?,
+                    other => {
+                        let received = other?;
+                        self.pending
+                            .extend_from_slice(&buffer[..received.bytes.min(buffer.len())]);
+                        break received;
+                    }
                 }
             };
             if received.truncated {
@@ -139,7 +146,23 @@ impl WorkerChannel {
                     Err(e) => Err(ChannelError::Violation(e.to_string())),
                 };
             }
-            self.pending.extend_from_slice(&buffer[..n]);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// Every call in flight holds its wait for the worker's report as a future on the heap;
+    /// a receive buffer alive across that wait made each one 64 KiB.
+    #[tokio::test]
+    async fn waiting_for_a_message_holds_no_receive_buffer() {
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        let mut channel = WorkerChannel::new(ours, 1 << 20);
+        let waiting = channel.receive();
+        let size = std::mem::size_of_val(&waiting);
+        assert!(size < 4096, "a receive waits in {size} bytes");
     }
 }

@@ -74,7 +74,7 @@ pub struct DaemonMemory {
 }
 
 /// Asks the daemon on `socket` one JSON-lines request and returns its answer.
-fn ask_daemon(socket: &Path, request: &str) -> Result<serde_json::Value, String> {
+pub(super) fn ask_daemon(socket: &Path, request: &str) -> Result<serde_json::Value, String> {
     use std::io::{BufRead, BufReader, Write};
     let mut stream =
         std::os::unix::net::UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;

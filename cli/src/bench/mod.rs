@@ -2,9 +2,11 @@
 //! run on this machine with the contenders interleaved round by round, so ratios between
 //! them hold even on a noisy shared machine.
 
+mod burst;
 mod denials;
 mod egress;
 mod memory;
+mod oneshot;
 
 use memory::{
     DaemonMemory, measure_daemon_memory, pooled_workers_of, pss_kib, rss_kib, status_kib,
@@ -42,6 +44,31 @@ pub struct BenchArgs {
     /// cold: the refill cannot run ahead of two clients with only two workers in hand.
     #[arg(long, default_value_t = 8)]
     throughput_pool: usize,
+    /// Rounds of the one-shot (whole process) section; 0 skips it.
+    #[arg(long, default_value_t = 60)]
+    oneshot_rounds: usize,
+    /// Another airlock binary to measure in the one-shot section beside this one, as
+    /// LABEL=PATH (one built with `AIRLOCK_WORKER_TARGET=x86_64-unknown-linux-gnu`, say, to
+    /// compare the glibc worker with the musl one in the same run). Repeatable.
+    #[arg(long, value_name = "LABEL=PATH")]
+    also: Vec<String>,
+    /// Burst sizes: that many concurrent sleeping calls through `airlock serve`, against as
+    /// many concurrent bwraps.
+    #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1024])]
+    burst: Vec<usize>,
+    /// Leave the burst section out.
+    #[arg(long)]
+    no_burst: bool,
+    /// Seconds each call of a burst sleeps.
+    #[arg(long, default_value_t = 2.0)]
+    burst_sleep_seconds: f64,
+    /// Seconds of quiet after the last burst before the daemon's memory is read again.
+    #[arg(long, default_value_t = 10.0)]
+    burst_settle_seconds: f64,
+    /// The airlock binary whose `serve` the bursts go through (default: this one), to
+    /// compare two builds' daemons with the same client.
+    #[arg(long)]
+    burst_daemon: Option<PathBuf>,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     json: bool,
@@ -78,6 +105,13 @@ input = { type = "object" }
 [tools.read]
 description = "reads a file (built-in)"
 builtin = "read_file"
+
+[tools.nap]
+description = "sleeps as long as asked"
+command = ["/bin/sleep", "{seconds}"]
+side_effect = "read"
+concurrency_safe = true
+input = { type = "object", properties = { seconds = { type = "string", pattern = "^[0-9]{1,3}(\\.[0-9]{1,3})?$" } }, required = ["seconds"] }
 
 [tools.sleep]
 description = "sleeps"
@@ -125,6 +159,17 @@ pub struct ThroughputRatio {
     slices: u32,
 }
 
+/// The latency of the throughput runs' calls (pooled, unless the pool ran empty: see
+/// `pool_during_throughput`), with `clients` clients calling back to back.
+#[derive(Debug, Clone, Serialize)]
+pub struct TailLatency {
+    clients: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    p99_over_p50: f64,
+    samples: usize,
+}
+
 /// Everything `bench` reports.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -137,6 +182,8 @@ pub struct Report {
     /// How the throughput runs' calls were served: by a pooled worker, or cold because the
     /// pool was empty.
     pool_during_throughput: Vec<PoolUse>,
+    /// The throughput runs' call latencies, at full load.
+    latency_under_load: Vec<TailLatency>,
     /// Idle pooled workers kept during the throughput runs.
     throughput_pool: usize,
     deadline_to_reaped_ms: Latency,
@@ -159,6 +206,12 @@ pub struct Report {
     egress: Option<egress::EgressBench>,
     /// What reporting refusals costs a call refused nothing; `None` if not measured (noted).
     denial_reporting: Option<denials::ReportingCost>,
+    /// Concurrent sleeping calls through the daemon against concurrent bwraps; `None` if
+    /// skipped or not measured (noted).
+    burst: Option<burst::BurstBench>,
+    /// Whole `airlock exec` and `airlock run` processes against bwrap; `None` if skipped
+    /// or not measured (noted).
+    oneshot: Option<oneshot::OneshotBench>,
     notes: Vec<String>,
 }
 
@@ -199,8 +252,13 @@ fn bwrap_path() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// bwrap with a root comparable to the default profile's.
+/// bwrap with a root comparable to the default profile's, running /bin/true.
 fn bwrap_command(bwrap: &Path) -> Command {
+    bwrap_command_running(bwrap, &["/bin/true"])
+}
+
+/// bwrap with a root comparable to the default profile's, running `argv`.
+fn bwrap_command_running(bwrap: &Path, argv: &[&str]) -> Command {
     let mut command = Command::new(bwrap);
     command.args([
         "--unshare-all",
@@ -215,15 +273,8 @@ fn bwrap_command(bwrap: &Path) -> Command {
             command.arg("--symlink").arg(target).arg(format!("/{link}"));
         }
     }
-    command.args([
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        "/bin/true",
-    ]);
+    command.args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+    command.args(argv);
     command
 }
 
@@ -257,34 +308,40 @@ where
 /// Calls completed by `clients` concurrent clients in about `seconds`, and the seconds taken.
 /// Each client makes at least one call, so a machine slower than a short slice still gives
 /// a rate.
-async fn throughput(gate: &Arc<Gate>, clients: usize, seconds: f64) -> (u64, f64) {
+/// Also each successful call's latency, milliseconds.
+async fn throughput(gate: &Arc<Gate>, clients: usize, seconds: f64) -> (u64, f64, Vec<f64>) {
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(seconds);
     let mut handles = Vec::new();
     for client in 0..clients {
         let gate = Arc::clone(gate);
         handles.push(tokio::spawn(async move {
-            let mut done = 0u64;
+            let mut latencies = Vec::new();
             loop {
                 let call = ToolCall {
-                    call_id: format!("t{client}-{done}"),
+                    call_id: format!("t{client}-{}", latencies.len()),
                     tool: "true".into(),
                     arguments: "{}".into(),
                 };
+                let call_started = Instant::now();
                 if gate.call(&call, &CallOptions::default()).await.ok {
-                    done += 1;
+                    latencies.push(call_started.elapsed().as_secs_f64() * 1e3);
                 }
                 if Instant::now() >= until {
-                    break done;
+                    break latencies;
                 }
             }
         }));
     }
-    let mut total = 0;
+    let mut latencies = Vec::new();
     for handle in handles {
-        total += handle.await.unwrap_or(0);
+        latencies.extend(handle.await.unwrap_or_default());
     }
-    (total, started.elapsed().as_secs_f64())
+    (
+        latencies.len() as u64,
+        started.elapsed().as_secs_f64(),
+        latencies,
+    )
 }
 
 /// Calls and seconds summed over one contender's throughput slices.
@@ -366,6 +423,48 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
     {
         notes.push("bwrap is installed but failed to run /bin/true here".to_string());
     }
+    // First, while no supervisor of this process reaps workers (see `oneshot`).
+    let oneshot = if args.oneshot_rounds == 0 {
+        None
+    } else {
+        let worker = match env!("AIRLOCK_WORKER_TARGET") {
+            "" => "self as worker".to_string(),
+            target => format!("{target} worker"),
+        };
+        let mut airlocks = vec![(worker, me.clone())];
+        for also in &args.also {
+            let (label, path) = also
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--also: {also:?} is not LABEL=PATH"))?;
+            airlocks.push((label.to_string(), PathBuf::from(path)));
+        }
+        match oneshot::measure(args.oneshot_rounds, bwrap.as_deref(), &airlocks) {
+            Ok(measured) => Some(measured),
+            Err(why) => {
+                notes.push(format!("one-shot runs not measured: {why}"));
+                None
+            }
+        }
+    };
+    let burst = if args.no_burst || args.burst.is_empty() {
+        None
+    } else {
+        let plan = burst::BurstPlan {
+            counts: args.burst.clone(),
+            sleep: Duration::try_from_secs_f64(args.burst_sleep_seconds)
+                .map_err(|e| anyhow::anyhow!("--burst-sleep-seconds: {e}"))?,
+            settle: Duration::try_from_secs_f64(args.burst_settle_seconds)
+                .map_err(|e| anyhow::anyhow!("--burst-settle-seconds: {e}"))?,
+        };
+        let daemon = args.burst_daemon.as_ref().unwrap_or(&me);
+        match burst::measure(daemon, bwrap.as_deref(), &plan) {
+            Ok(measured) => Some(measured),
+            Err(why) => {
+                notes.push(format!("bursts not measured: {why}"));
+                None
+            }
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -528,12 +627,14 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         pooled.keep_warm(Arc::clone(&profile), args.throughput_pool);
         let gate = Arc::new(Gate::new(Arc::clone(&pooled), policy.clone()));
         let mut ratios = Vec::new();
+        let mut tail = Vec::new();
         let slices = args.throughput_slices;
         let slice_seconds = args.throughput_seconds / f64::from(slices);
         for clients in [1usize, 2] {
             let mut airlock = SliceTotals::default();
             let mut bwrap_totals = SliceTotals::default();
             let mut slice_ratios = Vec::new();
+            let mut call_latencies = Vec::new();
             for slice in 0..slices {
                 // ABBA: airlock first in even slices, bwrap first in odd ones. Each slice
                 // starts on a quiet supervisor (pool full, nothing being reaped), so neither
@@ -548,7 +649,8 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 settle(&pooled, args.throughput_pool, &[]).await;
                 let before = pooled.pool_stats();
                 let started = Instant::now();
-                let (calls, _) = throughput(&gate, clients, slice_seconds).await;
+                let (calls, _, latencies) = throughput(&gate, clients, slice_seconds).await;
+                call_latencies.extend(latencies);
                 // The slice ends where it began: with the pool refilled to what it held
                 // and every used worker reaped. So each call counted paid, on the clock, for
                 // making a worker and for its clean-up, as in a steady state.
@@ -571,6 +673,14 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 }
             }
             let rate = airlock.rate();
+            let (_, p50, p99, samples) = summarize("", call_latencies);
+            tail.push(TailLatency {
+                clients,
+                p50_ms: p50,
+                p99_ms: p99,
+                p99_over_p50: p99 / p50,
+                samples,
+            });
             airlock_tp.push((format!("{clients} client(s), warm pooled /bin/true"), rate));
             pool_during_tp.push(PoolUse {
                 clients,
@@ -656,6 +766,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             bwrap_throughput_calls_per_s: bwrap_tp,
             throughput_vs_bwrap: ratios,
             pool_during_throughput: pool_during_tp,
+            latency_under_load: tail,
             throughput_pool: args.throughput_pool,
             deadline_to_reaped_ms: deadline,
             supervisor_rss_idle_kib: rss_idle,
@@ -669,6 +780,8 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             daemon_memory,
             egress,
             denial_reporting,
+            oneshot,
+            burst,
             notes,
         })
     })?;
@@ -721,6 +834,12 @@ fn print_table(report: &Report) {
             pool.cgroups_reused
         );
     }
+    for t in &report.latency_under_load {
+        println!(
+            "  airlock, {} client(s) at full load: call p50 {:.3} ms, p99 {:.3} ms (p99/p50 {:.2}, {} calls)",
+            t.clients, t.p50_ms, t.p99_ms, t.p99_over_p50, t.samples
+        );
+    }
     println!("\nmemory");
     if let Some(d) = &report.daemon_memory {
         println!(
@@ -763,6 +882,12 @@ fn print_table(report: &Report) {
     }
     if let Some(cost) = &report.denial_reporting {
         denials::print(cost);
+    }
+    if let Some(o) = &report.oneshot {
+        oneshot::print(o);
+    }
+    if let Some(b) = &report.burst {
+        burst::print(b);
     }
     for note in &report.notes {
         println!("note: {note}");

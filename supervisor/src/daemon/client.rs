@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use super::wire::{CallRequest, FrameRequest, FrameResponse, Op};
@@ -52,8 +52,15 @@ impl DaemonClient {
                 Ok(None) => {}
                 Err(e) => return Err(std::io::Error::other(e)),
             }
+            self.stream.readable().await?;
+            // Made after the wait, never alive across it: a buffer alive across an await
+            // lives in the future, 64 KiB of heap per call waiting for its answer.
             let mut chunk = [0u8; 64 * 1024];
-            let n = self.stream.read(&mut chunk).await?;
+            let n = match self.stream.try_read(&mut chunk) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            };
             if n == 0 {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,

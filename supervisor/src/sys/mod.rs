@@ -87,6 +87,18 @@ pub fn page_out(bytes: &[u8]) {
     let _ = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT) };
 }
 
+/// Gives the C allocator's free memory back to the kernel (glibc's `malloc_trim`). After a
+/// burst of calls their freed blocks stay in the allocator's per-thread arenas, resident,
+/// until something asks for them; this returns every whole free page. A no-op elsewhere.
+pub fn give_back_free_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim takes no pointers; it walks and shrinks the allocator's own
+    // arenas under their locks, which any thread may do at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The seals currently on a memfd.
 #[cfg(test)]
 pub fn memfd_seals(fd: &OwnedFd) -> io::Result<i32> {

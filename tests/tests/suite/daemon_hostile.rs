@@ -706,3 +706,26 @@ fn arguments_count_against_the_input_budget_at_their_parsed_size() {
     let answer = connect(&daemon).ask(call(2, "echo", json!({"text": "hi"})));
     assert_eq!(answer["result"]["ok"], true, "{answer}");
 }
+
+#[test]
+fn quiet_connections_hold_none_of_the_input_budget() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    // 2 MiB, the least budget there is. When every open connection held a 16 KiB read
+    // buffer against it, 128 quiet connections spent it and the next client was refused
+    // as overloaded, whatever --max-connections and --max-concurrent allowed.
+    let daemon = start(&["--max-input", "2MiB", "--max-connections", "400"]);
+    let mut quiet: Vec<Client> = (0..200).map(|_| connect(&daemon)).collect();
+    for (id, client) in quiet.iter_mut().enumerate() {
+        let answer = client.ask(json!({"id": id, "op": "health"}));
+        assert!(answer.get("error").is_none(), "connection {id}: {answer}");
+    }
+    // Only the asking connection's own buffer, while it reads.
+    let held = stats(&daemon)["input_bytes"].as_u64().unwrap();
+    assert!(held <= 64 << 10, "{held} bytes held by quiet connections");
+    let answer = connect(&daemon).ask(call(1, "echo", json!({"text": "hi"})));
+    assert_eq!(answer["result"]["ok"], true, "{answer}");
+    drop(quiet);
+}

@@ -1,0 +1,250 @@
+//! One-shot runs from the shell: whole `airlock exec -- /bin/true` and `airlock run` of a
+//! command tool processes against `bwrap`, round-robin in one run, each with the CPU time
+//! and context switches it and its descendants used.
+//!
+//! Measured before anything else in the bench starts a supervisor in this process: the
+//! CPU figures are the growth of this process's reaped-children usage across one child,
+//! which would otherwise also count workers an in-process supervisor reaped meanwhile.
+//! For the section, this process is a child subreaper and reaps every orphan after each
+//! run: bwrap exits as soon as its sandbox's init reports the exit status, before that
+//! init is reaped, and without this the init's CPU time (most of bwrap's) would count
+//! nowhere. The wall time stops when the contender's own process exits, as a shell sees.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use nix::sys::resource::{UsageWho, getrusage};
+use serde::Serialize;
+
+use super::{BENCH_POLICY, bwrap_command, percentile};
+
+/// Why the one-shot section could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum OneshotError {
+    /// Writing the bench policy to a file the child processes can read failed.
+    #[error("cannot write the bench policy to {path}: {source}")]
+    WritePolicy {
+        /// The file.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One contender's whole-process figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct OneshotFigures {
+    name: String,
+    median_ms: f64,
+    p90_ms: f64,
+    samples: usize,
+    /// Mean user plus system CPU time per run, of the process and everything it reaped.
+    cpu_ms_per_run: f64,
+    /// Mean voluntary plus involuntary context switches per run, likewise.
+    context_switches_per_run: f64,
+    /// Median wall time over bwrap's.
+    vs_bwrap: Option<f64>,
+    /// The same ratio per round (this round's run over bwrap's in the same round): the
+    /// 10th and 90th percentiles, so one figure's noise is visible.
+    vs_bwrap_p10: Option<f64>,
+    vs_bwrap_p90: Option<f64>,
+    /// CPU time per run over bwrap's.
+    cpu_vs_bwrap: Option<f64>,
+}
+
+/// The one-shot section of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct OneshotBench {
+    rounds: usize,
+    contenders: Vec<OneshotFigures>,
+}
+
+/// One sample: wall milliseconds, CPU milliseconds, context switches.
+type Sample = (f64, f64, f64);
+
+fn children_usage() -> Option<(f64, f64)> {
+    let usage = getrusage(UsageWho::RUSAGE_CHILDREN).ok()?;
+    let ms = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1e3 + t.tv_usec() as f64 / 1e3;
+    let cpu = ms(usage.user_time()) + ms(usage.system_time());
+    let switches =
+        (usage.voluntary_context_switches() + usage.involuntary_context_switches()) as f64;
+    Some((cpu, switches))
+}
+
+/// Runs `command` to completion; `None` unless it exits 0.
+fn sample(command: &mut Command) -> Option<Sample> {
+    let (cpu_before, switches_before) = children_usage()?;
+    let started = Instant::now();
+    let status = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .ok()?;
+    let wall = started.elapsed().as_secs_f64() * 1e3;
+    reap_orphans();
+    let (cpu_after, switches_after) = children_usage()?;
+    status.success().then_some((
+        wall,
+        cpu_after - cpu_before,
+        switches_after - switches_before,
+    ))
+}
+
+/// Waits for every remaining child (orphans adopted as subreaper) until there is none.
+fn reap_orphans() {
+    while nix::sys::wait::waitpid(None, None).is_ok() {}
+}
+
+/// Contenders: bwrap (if any), then each airlock binary's `exec` and `run`.
+fn contenders(
+    bwrap: Option<&Path>,
+    airlocks: &[(String, PathBuf)],
+    policy: &Path,
+) -> Vec<(String, Box<dyn Fn() -> Command>)> {
+    let mut all: Vec<(String, Box<dyn Fn() -> Command>)> = Vec::new();
+    if let Some(bwrap) = bwrap {
+        let bwrap = bwrap.to_path_buf();
+        all.push((
+            "bwrap --unshare-all /bin/true".into(),
+            Box::new(move || bwrap_command(&bwrap)),
+        ));
+    }
+    for (label, binary) in airlocks {
+        let (exec_binary, exec_policy) = (binary.clone(), policy.to_path_buf());
+        all.push((
+            format!("airlock exec -- /bin/true ({label})"),
+            Box::new(move || {
+                let mut command = Command::new(&exec_binary);
+                command
+                    .arg("exec")
+                    .arg("--policy")
+                    .arg(&exec_policy)
+                    .args(["--", "/bin/true"]);
+                command
+            }),
+        ));
+        let (run_binary, run_policy) = (binary.clone(), policy.to_path_buf());
+        all.push((
+            format!("airlock run --tool true ({label})"),
+            Box::new(move || {
+                let mut command = Command::new(&run_binary);
+                command
+                    .arg("run")
+                    .arg("--policy")
+                    .arg(&run_policy)
+                    .args(["--tool", "true", "--input", "{}"]);
+                command
+            }),
+        ));
+    }
+    all
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    if n == 0 { f64::NAN } else { sum / n as f64 }
+}
+
+fn sorted(mut values: Vec<f64>) -> Vec<f64> {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    values
+}
+
+/// Measures `rounds` rounds, each contender once per round in an order that rotates, after
+/// one untimed warm-up round (page cache, the first cgroup of the parent).
+pub fn measure(
+    rounds: usize,
+    bwrap: Option<&Path>,
+    airlocks: &[(String, PathBuf)],
+) -> Result<OneshotBench, OneshotError> {
+    let dir = std::env::temp_dir().join(format!("airlock-bench-{}", std::process::id()));
+    let policy = dir.join("bench.toml");
+    let write_failed = |source| OneshotError::WritePolicy {
+        path: policy.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(&dir).map_err(write_failed)?;
+    std::fs::write(&policy, BENCH_POLICY).map_err(write_failed)?;
+    let all = contenders(bwrap, airlocks, &policy);
+    // Undone below: outside this section a subreaper would keep bwrap's orphans as zombies
+    // (see `Supervisor::start`).
+    let subreaper = nix::sys::prctl::set_child_subreaper(true).is_ok();
+    // samples[contender][round]: None where that run failed.
+    let mut samples: Vec<Vec<Option<Sample>>> = vec![Vec::new(); all.len()];
+    for round in 0..=rounds {
+        for step in 0..all.len() {
+            let which = (step + round) % all.len();
+            let taken = sample(&mut (all[which].1)());
+            if round > 0 {
+                samples[which].push(taken);
+            }
+        }
+    }
+    if subreaper {
+        let _ = nix::sys::prctl::set_child_subreaper(false);
+        reap_orphans();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let bwrap_samples = bwrap.map(|_| &samples[0]);
+    let median_of =
+        |s: &[Option<Sample>]| percentile(&sorted(s.iter().flatten().map(|x| x.0).collect()), 0.5);
+    let cpu_of = |s: &[Option<Sample>]| mean(s.iter().flatten().map(|x| x.1));
+    let contenders = all
+        .iter()
+        .zip(&samples)
+        .map(|((name, _), mine)| {
+            let walls = sorted(mine.iter().flatten().map(|x| x.0).collect());
+            let per_round: Option<Vec<f64>> = bwrap_samples.map(|theirs| {
+                sorted(
+                    mine.iter()
+                        .zip(theirs)
+                        .filter_map(|(a, b)| Some(a.as_ref()?.0 / b.as_ref()?.0))
+                        .collect(),
+                )
+            });
+            let cpu = cpu_of(mine);
+            OneshotFigures {
+                name: name.clone(),
+                median_ms: percentile(&walls, 0.5),
+                p90_ms: percentile(&walls, 0.9),
+                samples: walls.len(),
+                cpu_ms_per_run: cpu,
+                context_switches_per_run: mean(mine.iter().flatten().map(|x| x.2)),
+                vs_bwrap: bwrap_samples.map(|b| percentile(&walls, 0.5) / median_of(b)),
+                vs_bwrap_p10: per_round.as_ref().map(|r| percentile(r, 0.1)),
+                vs_bwrap_p90: per_round.as_ref().map(|r| percentile(r, 0.9)),
+                cpu_vs_bwrap: bwrap_samples.map(|b| cpu / cpu_of(b)),
+            }
+        })
+        .collect();
+    Ok(OneshotBench { rounds, contenders })
+}
+
+/// Prints the section as a table.
+pub fn print(bench: &OneshotBench) {
+    println!(
+        "\none-shot, whole process ({} rounds, round-robin)",
+        bench.rounds
+    );
+    println!(
+        "{:<46} {:>9} {:>8} {:>8} {:>7} {:>8} {:>13} {:>7}",
+        "", "median ms", "p90 ms", "CPU ms", "ctxsw", "× bwrap", "rounds p10–p90", "CPU ×"
+    );
+    let ratio = |r: Option<f64>| r.map_or("-".to_string(), |v| format!("{v:.2}"));
+    for c in &bench.contenders {
+        println!(
+            "{:<46} {:>9.3} {:>8.3} {:>8.3} {:>7.1} {:>8} {:>13} {:>7}",
+            c.name,
+            c.median_ms,
+            c.p90_ms,
+            c.cpu_ms_per_run,
+            c.context_switches_per_run,
+            ratio(c.vs_bwrap),
+            format!("{}–{}", ratio(c.vs_bwrap_p10), ratio(c.vs_bwrap_p90)),
+            ratio(c.cpu_vs_bwrap),
+        );
+    }
+}
