@@ -237,19 +237,27 @@ async fn answer(
                     i32::try_from(refusal.errno).unwrap_or(libc::EPERM)
                 }
                 (Some(Notified::Observed { syscall }), Watching::Learn(log)) => {
-                    observe::observe(log, syscall, &notification);
+                    let seen = observe::seen(syscall, &notification);
+                    if sys::notification_valid(fd, notification.id) {
+                        observe::record(log, syscall, seen);
+                    }
                     let _ = sys::continue_notification(fd, notification.id);
                     continue;
                 }
                 (Some(Notified::OutsideAllowlist { syscall }), Watching::Learn(log)) => {
                     observe::outside_allowlist(log, syscall);
-                    observe::observe(log, syscall, &notification);
+                    let seen = observe::seen(syscall, &notification);
+                    if sys::notification_valid(fd, notification.id) {
+                        observe::record(log, syscall, seen);
+                    }
                     let _ = sys::continue_notification(fd, notification.id);
                     continue;
                 }
                 (Some(Notified::Observed { syscall }), Watching::Diagnose) => {
                     let found = observe::diagnose(syscall, &notification, profile.spec.network);
-                    if !found.is_empty() {
+                    // Read after the process may have died and its pid been reused: then
+                    // what was looked at is another process's, and nothing is kept.
+                    if !found.is_empty() && sys::notification_valid(fd, notification.id) {
                         let mut counted = counted.lock().unwrap_or_else(PoisonError::into_inner);
                         for finding in found {
                             counted.record_finding(finding);

@@ -215,25 +215,44 @@ fn address_args(syscall: &str) -> Option<(usize, usize)> {
     }
 }
 
-/// Records what `notification` (a call of `syscall`) names, into `log`.
-pub(crate) fn observe(log: &ObservationLog, syscall: &'static str, notification: &Notification) {
-    let mut seen: Vec<(String, Access)> = Vec::new();
-    let mut unreadable = 0u64;
+/// What one observed syscall named, read from the tool's memory.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    paths: Vec<(String, Access)>,
+    unreadable: u64,
+    destination: Option<String>,
+}
+
+/// Reads what `notification` (a call of `syscall`) names. The caller records it only if
+/// the notification is still valid afterwards: its process may have been killed and its pid
+/// reused meanwhile, and then what was read belongs to another process.
+pub(crate) fn seen(syscall: &'static str, notification: &Notification) -> Seen {
+    let mut seen = Seen::default();
     for arg in path_args(syscall) {
         match path_of(notification, &arg) {
-            Ok(Some(seen_path)) => seen.push(seen_path),
+            Ok(Some(seen_path)) => seen.paths.push(seen_path),
             // An empty path (`AT_EMPTY_PATH`, a null `utimensat`) names the descriptor.
             Ok(None) => {}
-            Err(()) => unreadable += 1,
+            Err(()) => seen.unreadable += 1,
         }
     }
-    let destination = address_args(syscall).and_then(|(addr, len)| {
+    seen.destination = address_args(syscall).and_then(|(addr, len)| {
         destination_of(
             notification.pid,
             notification.args[addr],
             notification.args[len],
         )
     });
+    seen
+}
+
+/// Records what [`seen`] read into `log`.
+pub(crate) fn record(log: &ObservationLog, syscall: &'static str, seen: Seen) {
+    let Seen {
+        paths: seen,
+        unreadable,
+        destination,
+    } = seen;
     let mut log = log.lock().unwrap_or_else(PoisonError::into_inner);
     log.unreadable = log.unreadable.saturating_add(unreadable);
     for (path, access) in seen {

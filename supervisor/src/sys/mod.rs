@@ -9,8 +9,8 @@ pub use clone::{
     clone_worker,
 };
 pub use notify::{
-    ListenerState, Notification, continue_notification, is_seccomp_listener, poll_listener,
-    read_tool_memory, receive_notification, refuse_notification, stat_in_root,
+    ListenerState, Notification, continue_notification, is_seccomp_listener, notification_valid,
+    poll_listener, read_tool_memory, receive_notification, refuse_notification, stat_in_root,
 };
 
 use std::ffi::{CStr, CString};

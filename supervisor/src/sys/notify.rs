@@ -101,6 +101,21 @@ pub fn refuse_notification(fd: BorrowedFd<'_>, id: u64, errno: i32) -> io::Resul
     )
 }
 
+/// Whether notification `id` still waits for its answer: its process is alive and blocked
+/// in the syscall, so its pid still names it (`SECCOMP_IOCTL_NOTIF_ID_VALID`).
+pub fn notification_valid(fd: BorrowedFd<'_>, id: u64) -> bool {
+    let mut id = id;
+    // SAFETY: the ioctl reads one u64 from `id`, which lives for the call.
+    let ret = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::SECCOMP_IOCTL_NOTIF_ID_VALID,
+            &mut id as *mut u64,
+        )
+    };
+    ret == 0
+}
+
 /// Sends one answer to a notification.
 fn respond(fd: BorrowedFd<'_>, mut response: libc::seccomp_notif_resp) -> io::Result<()> {
     // SAFETY: the ioctl reads one seccomp_notif_resp from `response`, which lives for the
