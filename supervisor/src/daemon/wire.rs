@@ -64,6 +64,9 @@ pub struct SessionOpenRequest {
     /// The workspace's size limit: bytes, or a size like `"64MiB"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<SizeField>,
+    /// Every call in the session is in plan mode, whatever the call asks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plan_mode: bool,
 }
 
 /// A size: a number of bytes or a text like `"64MiB"`.
@@ -170,6 +173,9 @@ pub struct SetStateRequest {
     pub tool: String,
     /// `active`, `deferred` or `suspended`.
     pub state: String,
+    /// An open session: the state holds for calls in it only, until it closes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// Why a request could not be read; answered as `invalid_request` with this message.
@@ -393,7 +399,11 @@ fn check_ids(op: &Op) -> Result<(), RequestError> {
             }
             Ok(())
         }
-        Op::PutFile(PutFileRequest { session, .. })
+        Op::SetState(SetStateRequest {
+            session: Some(session),
+            ..
+        })
+        | Op::PutFile(PutFileRequest { session, .. })
         | Op::GetFile(GetFileRequest { session, .. })
         | Op::Changes(SessionRequest { session })
         | Op::SessionClose(SessionRequest { session }) => check_id("session", session),
