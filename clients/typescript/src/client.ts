@@ -33,6 +33,7 @@ import {
   type SessionOpenAnswer,
   type SessionOpenRequest,
   type SetStateAnswer,
+  type SetStateRequest,
   type Stats,
   type ToolListing,
   type ToolResult,
@@ -381,9 +382,16 @@ export class AirlockClient {
     return result.existed;
   }
 
-  /** Makes a tool `active`, `deferred` or `suspended` (an unknown tool throws `RequestError`). */
-  async setState(tool: string, state: ToolState): Promise<SetStateAnswer> {
-    return this.simple<SetStateAnswer>({ op: "set_state", tool, state });
+  /**
+   * Makes a tool `active`, `deferred` or `suspended` (an unknown tool throws `RequestError`):
+   * daemon-wide, or with `session` for the calls in that open session only (its state wins
+   * over the daemon-wide one until it closes; a session that is gone throws
+   * `SessionUnknownError`).
+   */
+  async setState(tool: string, state: ToolState, options: { session?: string } = {}): Promise<SetStateAnswer> {
+    const request: SetStateRequest = { op: "set_state", tool, state };
+    if (options.session !== undefined) request.session = options.session;
+    return this.simple<SetStateAnswer>(request);
   }
 
   /**
@@ -394,6 +402,7 @@ export class AirlockClient {
     const request: SessionOpenRequest = { op: "session_open" };
     if (options.base !== undefined) request.base = options.base;
     if (options.size !== undefined) request.size = options.size;
+    if (options.planMode) request.plan_mode = true;
     return new Session(this, await this.simple<SessionOpenAnswer>(request));
   }
 

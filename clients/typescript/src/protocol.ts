@@ -383,6 +383,7 @@ export interface SetStateRequest {
   op: "set_state";
   tool: string;
   state: ToolState;
+  session?: string;
 }
 
 export interface PlainRequest {
@@ -395,6 +396,7 @@ export interface SessionOpenRequest {
   op: "session_open";
   base?: string;
   size?: number | string;
+  plan_mode?: boolean;
 }
 
 export interface PutFileRequest {

@@ -3,7 +3,15 @@
  */
 
 import type { AirlockClient, CallOptions } from "./client.js";
-import type { Change, DryRunAnswer, PutFileAnswer, SessionOpenAnswer, ToolResult } from "./protocol.js";
+import type {
+  Change,
+  DryRunAnswer,
+  PutFileAnswer,
+  SessionOpenAnswer,
+  SetStateAnswer,
+  ToolResult,
+  ToolState,
+} from "./protocol.js";
 
 /** What `openSession` sends: both optional, as in `session_open`. */
 export interface SessionOpenOptions {
@@ -11,6 +19,8 @@ export interface SessionOpenOptions {
   base?: string;
   /** The workspace's size limit: bytes, or a size such as `"64MiB"` (default: the policy's). */
   size?: number | string;
+  /** Every call in the session is in plan mode (only read-only tools run); a call cannot lift it. */
+  planMode?: boolean;
 }
 
 /** Call options of a session's call: its `session` is the session's own. */
@@ -72,6 +82,14 @@ export class Session {
   call(tool: string, args?: unknown, options?: SessionCallOptions): Promise<ToolResult | DryRunAnswer>;
   call(tool: string, args: unknown = {}, options: SessionCallOptions = {}): Promise<ToolResult | DryRunAnswer> {
     return this.client.call(tool, args, { ...options, session: this.id });
+  }
+
+  /**
+   * Sets a tool's state for this session's calls only (`set_state` with `session`): it wins
+   * over the daemon-wide state and goes when the session closes. An approver's op.
+   */
+  setState(tool: string, state: ToolState): Promise<SetStateAnswer> {
+    return this.client.setState(tool, state, { session: this.id });
   }
 
   /** Closes the session: the daemon removes its files. */

@@ -130,4 +130,32 @@ describe("session workspaces against a real daemon", T, () => {
     assert.equal(again.size, 16 * 1024);
     await again.close();
   });
+
+  it("sets a tool's state and plan mode for one session only", async () => {
+    const narrowed = await client.openSession();
+    const planning = await client.openSession({ planMode: true });
+    try {
+      assert.deepEqual(await narrowed.setState("echo", "suspended"), { tool: "echo", state: "suspended" });
+      const refused = await narrowed.call("echo", { text: "hi" });
+      assert.equal(refused.error?.kind, "tool_unavailable");
+      assert.equal(refused.error?.state, "suspended");
+      const elsewhere = await planning.call("echo", { text: "hi" }, { dryRun: true });
+      assert.ok("dry_run" in elsewhere && elsewhere.dry_run.decision === "allow", JSON.stringify(elsewhere));
+      assert.equal((await client.tools()).find((t) => t.name === "echo")?.state, "active");
+
+      const denied = await planning.call("sh", { script: "touch x" }, { planMode: false });
+      assert.equal(denied.error?.kind, "denied");
+      assert.equal(denied.error?.rule, "plan_mode");
+      assert.deepEqual(await planning.changes(), []);
+    } finally {
+      await narrowed.close();
+      await planning.close();
+    }
+    await assert.rejects(narrowed.setState("echo", "active"), SessionUnknownError);
+    await assert.rejects(client.setState("echo", "active", { session: narrowed.id }), SessionUnknownError);
+    await assert.rejects(client.setState("nope", "active", { session: narrowed.id }), (error: unknown) => {
+      assert.ok(error instanceof RequestError && error.kind === "unknown_tool", String(error));
+      return true;
+    });
+  });
 });
