@@ -11,10 +11,12 @@ import pytest
 from airlock_client import (
     Change,
     Client,
+    DryRun,
     InvalidRequest,
     SessionInfo,
     SessionLimit,
     SessionUnknown,
+    UnknownTool,
     WorkspaceFull,
 )
 from helpers import POLICY, Daemon
@@ -119,3 +121,30 @@ async def test_typed_refusals(sessions_daemon: Daemon) -> None:
             assert small.info is not None and small.info.size == 16 * 1024
         with pytest.raises(SessionUnknown):
             await client.get_file("0" * 32, "x")
+
+
+async def test_a_sessions_own_tool_state_and_plan_mode(sessions_daemon: Daemon) -> None:
+    async with Client.connect(str(sessions_daemon.socket)) as client:
+        async with await client.open_session() as narrowed, await client.open_session(
+            plan_mode=True
+        ) as planning:
+            change = await narrowed.set_state("word_count", "suspended")
+            assert (change.tool, change.state) == ("word_count", "suspended")
+            refused = await narrowed.call("word_count", {"text": "a b"})
+            assert refused.error is not None and refused.error.kind == "tool_unavailable"
+            assert refused.error.state == "suspended"
+            elsewhere = await planning.client.call(
+                "word_count", {"text": "a b"}, session=planning.name, dry_run=True
+            )
+            assert isinstance(elsewhere, DryRun) and elsewhere.decision == "allow"
+            tools = {t.name: t.state for t in await client.tools()}
+            assert tools["word_count"] == "active"
+
+            denied = await planning.call("sh", {"script": "touch x"}, plan_mode=False)
+            assert denied.error is not None and denied.error.kind == "denied"
+            assert denied.error.rule == "plan_mode"
+            assert await planning.changes() == []
+        with pytest.raises(SessionUnknown):
+            await narrowed.set_state("word_count", "active")
+        with pytest.raises(UnknownTool):
+            await client.set_state("nope", "active", session=planning.name)

@@ -687,13 +687,20 @@ class Client:
             raise ProtocolError(f"the reject answer has no existed flag: {result!r:.200}")
         return existed
 
-    async def set_state(self, tool: str, state: ToolState) -> StateChange:
-        """``set_state``: makes a tool ``active``, ``deferred`` or ``suspended``. Raises
-        :class:`~airlock_client.UnknownTool` for no such tool and
+    async def set_state(
+        self, tool: str, state: ToolState, *, session: str | None = None
+    ) -> StateChange:
+        """``set_state``: makes a tool ``active``, ``deferred`` or ``suspended``:
+        daemon-wide, or with ``session`` for the calls in that open session only (its
+        state wins over the daemon-wide one until the session closes). Raises
+        :class:`~airlock_client.UnknownTool` for no such tool,
+        :class:`~airlock_client.SessionUnknown` for a session that is not open and
         :class:`~airlock_client.Forbidden` for a peer that may not approve."""
         if state not in _STATES:
             raise ValueError(f"state must be one of {', '.join(_STATES)}, not {state!r}")
         body = {"op": "set_state", "tool": _str("tool", tool), "state": state}
+        if session is not None:
+            body["session"] = _short_text("session", session)
         return StateChange.from_json(await self._roundtrip(body))
 
     async def request(self, request: Mapping[str, Any]) -> Any:
@@ -713,12 +720,19 @@ class Client:
 
     # --- session workspaces -----------------------------------------------------------
 
-    async def open_session(self, *, base: str | None = None, size: int | str | None = None) -> Session:
+    async def open_session(
+        self,
+        *,
+        base: str | None = None,
+        size: int | str | None = None,
+        plan_mode: bool | None = None,
+    ) -> Session:
         """``session_open``: a workspace of files kept across calls, as a :class:`Session`.
 
         ``base``: a host directory under the policy's ``sessions.bases`` to start from a
         copy of; ``size``: the size limit, bytes or a size such as ``"64MiB"`` (default:
-        the policy's). Raises :class:`~airlock_client.SessionLimit` when ``max_sessions``
+        the policy's); ``plan_mode``: every call in the session is in plan mode (only
+        read-only tools run), which no call can lift. Raises :class:`~airlock_client.SessionLimit` when ``max_sessions``
         are open, :class:`~airlock_client.InvalidRequest` for a bad base or size."""
         body: dict[str, Any] = {"op": "session_open"}
         if base is not None:
@@ -727,6 +741,10 @@ class Client:
             if isinstance(size, bool) or not isinstance(size, (int, str)):
                 raise TypeError(f"size must be an int or a str, not {type(size).__name__}")
             body["size"] = size
+        if plan_mode is not None:
+            if not isinstance(plan_mode, bool):
+                raise TypeError("plan_mode must be a bool")
+            body["plan_mode"] = plan_mode
         info = SessionInfo.from_json(await self._roundtrip(body))
         return Session(self, info.session, info)
 

@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .errors import SessionUnknown
-from .types import Approval, CallResult, Change, SessionInfo
+from .types import Approval, CallResult, Change, SessionInfo, StateChange, ToolState
 
 if TYPE_CHECKING:
     from .client import Client
@@ -110,6 +110,11 @@ class Session:
     async def changes(self) -> list[Change]:
         """:meth:`Client.changes` of this session."""
         return await self.client.changes(self.name)
+
+    async def set_state(self, tool: str, state: ToolState) -> StateChange:
+        """:meth:`Client.set_state` for this session's calls only: it wins over the
+        daemon-wide state, no other session sees it, and it goes when the session closes."""
+        return await self.client.set_state(tool, state, session=self.name)
 
     async def close(self) -> None:
         """:meth:`Client.close_session`: the daemon removes the session's files."""
