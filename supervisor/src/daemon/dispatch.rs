@@ -213,9 +213,13 @@ async fn set_state(shared: &Shared, request: super::wire::SetStateRequest) -> Va
         None => Ok(shared.gate.set_state(&tool, parsed)),
         Some(session) => {
             let (gate, tool) = (std::sync::Arc::clone(&shared.gate), tool.clone());
-            tokio::task::spawn_blocking(move || gate.set_session_state(&session, &tool, parsed))
-                .await
-                .unwrap_or(Ok(false))
+            let set = tokio::task::spawn_blocking(move || {
+                gate.set_session_state(&session, &tool, parsed)
+            });
+            match set.await {
+                Ok(known) => known,
+                Err(_) => return error_body("sandbox_unavailable", "set_state failed"),
+            }
         }
     };
     match known {
