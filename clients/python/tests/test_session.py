@@ -139,6 +139,8 @@ async def test_a_sessions_own_tool_state_and_plan_mode(sessions_daemon: Daemon) 
             assert isinstance(elsewhere, DryRun) and elsewhere.decision == "allow"
             tools = {t.name: t.state for t in await client.tools()}
             assert tools["word_count"] == "active"
+            assert {t.name: t.state for t in await narrowed.tools()}["word_count"] == "suspended"
+            assert {t.name: t.state for t in await planning.tools()}["word_count"] == "active"
 
             denied = await planning.call("sh", {"script": "touch x"}, plan_mode=False)
             assert denied.error is not None and denied.error.kind == "denied"

@@ -38,6 +38,7 @@ import {
   type ToolListing,
   type ToolResult,
   type ToolState,
+  type ToolsRequest,
 } from "./protocol.js";
 import { Session, type SessionOpenOptions } from "./session.js";
 
@@ -321,9 +322,14 @@ export class AirlockClient {
     return this.connection !== undefined && !this.connection.closed;
   }
 
-  /** Every tool of the policy, with its state, schemas and limits. */
-  async tools(): Promise<ToolListing[]> {
-    const result = await this.simple<{ tools: ToolListing[] }>({ op: "tools" });
+  /**
+   * Every tool of the policy, with its state, schemas and limits; with `session`, the
+   * states calls in that open session see (its own `setState` over the daemon-wide one).
+   */
+  async tools(options: { session?: string } = {}): Promise<ToolListing[]> {
+    const request: ToolsRequest = { op: "tools" };
+    if (options.session !== undefined) request.session = options.session;
+    const result = await this.simple<{ tools: ToolListing[] }>(request);
     return result.tools;
   }
 

@@ -388,7 +388,13 @@ export interface SetStateRequest {
 
 export interface PlainRequest {
   id?: RequestId;
-  op: "tools" | "health" | "stats";
+  op: "health" | "stats";
+}
+
+export interface ToolsRequest {
+  id?: RequestId;
+  op: "tools";
+  session?: string;
 }
 
 export interface SessionOpenRequest {
@@ -432,7 +438,8 @@ export type Request =
   | SessionOpenRequest
   | PutFileRequest
   | GetFileRequest
-  | SessionRequest;
+  | SessionRequest
+  | ToolsRequest;
 
 /**
  * Which schema object each interface above mirrors (JSON pointers into
@@ -480,6 +487,7 @@ export const SCHEMA_OF = {
   PutFileRequest: "/$defs/request/oneOf/8",
   GetFileRequest: "/$defs/request/oneOf/9",
   SessionRequest: "/$defs/request/oneOf/10",
+  ToolsRequest: "/$defs/request/oneOf/11",
   ErrorKind: "/$defs/error_kind",
   ToolState: "/$defs/tool_listing/properties/state",
   SideEffect: "/$defs/tool_listing/properties/side_effect",

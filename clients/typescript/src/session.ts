@@ -9,6 +9,7 @@ import type {
   PutFileAnswer,
   SessionOpenAnswer,
   SetStateAnswer,
+  ToolListing,
   ToolResult,
   ToolState,
 } from "./protocol.js";
@@ -90,6 +91,11 @@ export class Session {
    */
   setState(tool: string, state: ToolState): Promise<SetStateAnswer> {
     return this.client.setState(tool, state, { session: this.id });
+  }
+
+  /** Every tool with the state calls in this session see: offer a model the `active` ones. */
+  tools(): Promise<ToolListing[]> {
+    return this.client.tools({ session: this.id });
   }
 
   /** Closes the session: the daemon removes its files. */

@@ -142,6 +142,8 @@ describe("session workspaces against a real daemon", T, () => {
       const elsewhere = await planning.call("echo", { text: "hi" }, { dryRun: true });
       assert.ok("dry_run" in elsewhere && elsewhere.dry_run.decision === "allow", JSON.stringify(elsewhere));
       assert.equal((await client.tools()).find((t) => t.name === "echo")?.state, "active");
+      assert.equal((await narrowed.tools()).find((t) => t.name === "echo")?.state, "suspended");
+      assert.equal((await planning.tools()).find((t) => t.name === "echo")?.state, "active");
 
       const denied = await planning.call("sh", { script: "touch x" }, { planMode: false });
       assert.equal(denied.error?.kind, "denied");

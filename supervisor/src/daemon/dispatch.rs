@@ -169,8 +169,12 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
             let body = set_state(shared, request).await;
             answers.send(reply(body), None).await;
         }
-        Op::Tools => {
-            let body = json!({"result": {"tools": shared.gate.tools()}});
+        Op::Tools(request) => {
+            let tools = match request.session {
+                Some(session) => shared.gate.tools_in(&session),
+                None => shared.gate.tools(),
+            };
+            let body = json!({"result": {"tools": tools}});
             answers.send(reply(body), None).await;
         }
         Op::Health => {

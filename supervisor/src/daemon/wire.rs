@@ -25,7 +25,7 @@ pub const MAX_ID_BYTES: usize = 256;
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     /// List every tool with its state and the schemas the gate enforces.
-    Tools,
+    Tools(ToolsRequest),
     /// Call a tool.
     Call(CallRequest),
     /// Cancel an in-flight request of this connection.
@@ -52,6 +52,15 @@ pub enum Op {
     Changes(SessionRequest),
     /// Close a session: everything of it removed.
     SessionClose(SessionRequest),
+}
+
+/// The fields of `tools`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsRequest {
+    /// List the states as calls in this open session see them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// The fields of `session_open`.
@@ -343,7 +352,7 @@ fn op_from_fields(fields: Vec<(String, Box<RawValue>)>) -> Result<Op, RequestErr
         }),
     };
     let op = match name.as_str() {
-        "tools" => unit(Op::Tools)?,
+        "tools" => Op::Tools(fields_of(&name, &object)?),
         "health" => unit(Op::Health)?,
         "stats" => unit(Op::Stats)?,
         "call" => Op::Call(fields_of(&name, &object)?),
@@ -402,6 +411,9 @@ fn check_ids(op: &Op) -> Result<(), RequestError> {
         Op::SetState(SetStateRequest {
             session: Some(session),
             ..
+        })
+        | Op::Tools(ToolsRequest {
+            session: Some(session),
         })
         | Op::PutFile(PutFileRequest { session, .. })
         | Op::GetFile(GetFileRequest { session, .. })

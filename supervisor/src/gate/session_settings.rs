@@ -4,6 +4,7 @@ use airlock_policy::CompiledTool;
 use airlock_policy::validate::ToolState;
 
 use super::Gate;
+use crate::listing::ToolListing;
 use crate::session::SessionError;
 
 impl Gate {
@@ -42,5 +43,15 @@ impl Gate {
         };
         sessions.set_state(&self.policy().sessions, session, tool, state)?;
         Ok(true)
+    }
+
+    /// [`Gate::tools`] with the states calls in `session` see: its own where it set one.
+    /// An id that is no open session sees the gate's states, as its calls do.
+    pub fn tools_in(&self, session: &str) -> Vec<ToolListing> {
+        self.policy()
+            .tools
+            .values()
+            .map(|t| ToolListing::of(t, self.settings_in(t, Some(session), false).0))
+            .collect()
     }
 }

@@ -1,6 +1,6 @@
 //! Per-session settings over the daemon: `set_state` naming a session and `session_open`
-//! with `plan_mode` hold for that session's calls only, win over the daemon-wide state,
-//! never reach another session, and go when the session closes. Every check is a gate
+//! with `plan_mode` hold for that session's calls (and its `tools` listing) only, win over
+//! the daemon-wide state, never reach another session, and go when the session closes. Every check is a gate
 //! decision (a dry run or a refusal), so none needs a working sandbox.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -80,6 +80,20 @@ impl Client {
         self.ask(request)
     }
 
+    /// `tool`'s state in the `tools` listing, daemon-wide or as `session` sees it.
+    fn listed(&mut self, tool: &str, session: Option<&str>) -> String {
+        let mut request = json!({"id": 4, "op": "tools"});
+        if let Some(session) = session {
+            request["session"] = json!(session);
+        }
+        let answer = self.ask(request);
+        let tools = answer["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{answer}"));
+        let found = tools.iter().find(|t| t["name"] == tool).unwrap();
+        found["state"].as_str().unwrap().to_string()
+    }
+
     /// A dry run of `tool`: `allow`/`deny` and the rule, or the refusal's error kind.
     fn decide(&mut self, tool: &str, session: Option<&str>, plan_mode: bool) -> String {
         let arguments = match tool {
@@ -135,15 +149,11 @@ fn a_sessions_tool_state_holds_for_its_calls_only_and_goes_with_it() {
     assert_eq!(client.decide("echo", Some(&two), false), allowed);
     assert_eq!(client.decide("echo", None, false), allowed);
     assert_eq!(client.decide("echo", Some("agent-label"), false), allowed);
-    // The listing is the daemon-wide state.
-    let tools = client.ask(json!({"id": 4, "op": "tools"}));
-    let echo = tools["result"]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["name"] == "echo")
-        .unwrap();
-    assert_eq!(echo["state"], "active");
+    // The listing is the daemon-wide state, or with a session the one its calls see.
+    assert_eq!(client.listed("echo", None), "active");
+    assert_eq!(client.listed("echo", Some(&one)), "suspended");
+    assert_eq!(client.listed("echo", Some(&two)), "active");
+    assert_eq!(client.listed("echo", Some("agent-label")), "active");
 
     // The daemon-wide state reaches every session without its own; a session's wins.
     assert!(client.set_state("echo", "deferred", None)["result"].is_object());
@@ -161,6 +171,8 @@ fn a_sessions_tool_state_holds_for_its_calls_only_and_goes_with_it() {
         client.decide("echo", None, false),
         "tool_unavailable:deferred"
     );
+    assert_eq!(client.listed("echo", Some(&one)), "active");
+    assert_eq!(client.listed("echo", Some(&two)), "deferred");
     client.set_state("echo", "active", None);
 
     // Closing the session drops its settings: the id no longer takes any.
@@ -233,6 +245,10 @@ fn bad_session_settings_are_typed_refusals() {
         "invalid_request"
     );
     let bad = client.ask(json!({"id": 8, "op": "session_open", "plan_mode": "yes"}));
+    assert_eq!(error_kind(&bad), "invalid_request", "{bad}");
+    let bad = client.ask(json!({"id": 9, "op": "tools", "session": "two\nlines"}));
+    assert_eq!(error_kind(&bad), "invalid_request", "{bad}");
+    let bad = client.ask(json!({"id": 10, "op": "tools", "plan_mode": true}));
     assert_eq!(error_kind(&bad), "invalid_request", "{bad}");
     // None of it changed anything.
     assert!(

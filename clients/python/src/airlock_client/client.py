@@ -552,9 +552,14 @@ class Client:
         """``stats``: the daemon's counters and limits."""
         return Stats.from_json(await self._roundtrip({"op": "stats"}))
 
-    async def tools(self) -> list[ToolListing]:
-        """``tools``: every tool of the policy with its state and schemas."""
-        result = await self._roundtrip({"op": "tools"})
+    async def tools(self, *, session: str | None = None) -> list[ToolListing]:
+        """``tools``: every tool of the policy with its state and schemas; with
+        ``session``, the states calls in that open session see (its own
+        :meth:`set_state` over the daemon-wide one)."""
+        body: dict[str, Any] = {"op": "tools"}
+        if session is not None:
+            body["session"] = _short_text("session", session)
+        result = await self._roundtrip(body)
         if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
             raise ProtocolError(f"the tools answer has no list of tools: {result!r:.200}")
         return [ToolListing.from_json(t) for t in result["tools"]]

@@ -8,7 +8,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .errors import SessionUnknown
-from .types import Approval, CallResult, Change, SessionInfo, StateChange, ToolState
+from .types import (
+    Approval,
+    CallResult,
+    Change,
+    SessionInfo,
+    StateChange,
+    ToolListing,
+    ToolState,
+)
 
 if TYPE_CHECKING:
     from .client import Client
@@ -115,6 +123,10 @@ class Session:
         """:meth:`Client.set_state` for this session's calls only: it wins over the
         daemon-wide state, no other session sees it, and it goes when the session closes."""
         return await self.client.set_state(tool, state, session=self.name)
+
+    async def tools(self) -> list[ToolListing]:
+        """:meth:`Client.tools` with the states this session's calls see."""
+        return await self.client.tools(session=self.name)
 
     async def close(self) -> None:
         """:meth:`Client.close_session`: the daemon removes the session's files."""
