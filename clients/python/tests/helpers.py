@@ -96,7 +96,7 @@ profile = "files"
 class Daemon:
     """`airlock serve` of this checkout's build, on a socket in a scratch directory."""
 
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, policy: str = POLICY) -> None:
         self.extra = list(extra)
         self.dir = Path(tempfile.mkdtemp(prefix="airlock-py-"))
         self.dir.chmod(0o755)
@@ -104,7 +104,7 @@ class Daemon:
         self.data.mkdir(mode=0o755)
         self.data.chmod(0o755)
         self.policy = self.dir / "policy.toml"
-        self.policy.write_text(POLICY.format(data=self.data))
+        self.policy.write_text(policy.format(data=self.data))
         self.socket = self.dir / "airlock.sock"
         self.audit = self.dir / "audit.jsonl"
         self.log = self.dir / "daemon.log"

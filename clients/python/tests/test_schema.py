@@ -36,6 +36,11 @@ MIRRORS: list[tuple[type[Any], str]] = [
     (T.Health, "/$defs/answers/properties/health/properties/result"),
     (T.Stats, "/$defs/answers/properties/stats/properties/result"),
     (T.StateChange, "/$defs/answers/properties/set_state/properties/result"),
+    (T.SessionInfo, "/$defs/answers/properties/session_open/properties/result"),
+    (
+        T.Change,
+        "/$defs/answers/properties/changes/properties/result/properties/changes/items",
+    ),
 ]
 IDS = [cls.__name__ for cls, _ in MIRRORS]
 

@@ -14,23 +14,33 @@ import {
   TransportError,
   WireError,
   describe,
+  requestError,
 } from "./errors.js";
 import {
   PROTOCOL_VERSION,
   type Answer,
   type ApprovalAnswer,
   type CallRequest,
+  type Change,
+  type ChangesAnswer,
   type DryRunAnswer,
   type ExecuteRequest,
+  type GetFileAnswer,
   type Health,
   type ProposeRequest,
+  type PutFileAnswer,
   type Request,
+  type SessionOpenAnswer,
+  type SessionOpenRequest,
   type SetStateAnswer,
+  type SetStateRequest,
   type Stats,
   type ToolListing,
   type ToolResult,
   type ToolState,
+  type ToolsRequest,
 } from "./protocol.js";
+import { Session, type SessionOpenOptions } from "./session.js";
 
 /** The daemon's longest request line (`MAX_REQUEST_BYTES`), newline included. */
 export const MAX_REQUEST_BYTES = 2 * 1024 * 1024;
@@ -312,9 +322,14 @@ export class AirlockClient {
     return this.connection !== undefined && !this.connection.closed;
   }
 
-  /** Every tool of the policy, with its state, schemas and limits. */
-  async tools(): Promise<ToolListing[]> {
-    const result = await this.simple<{ tools: ToolListing[] }>({ op: "tools" });
+  /**
+   * Every tool of the policy, with its state, schemas and limits; with `session`, the
+   * states calls in that open session see (its own `setState` over the daemon-wide one).
+   */
+  async tools(options: { session?: string } = {}): Promise<ToolListing[]> {
+    const request: ToolsRequest = { op: "tools" };
+    if (options.session !== undefined) request.session = options.session;
+    const result = await this.simple<{ tools: ToolListing[] }>(request);
     return result.tools;
   }
 
@@ -373,9 +388,58 @@ export class AirlockClient {
     return result.existed;
   }
 
-  /** Makes a tool `active`, `deferred` or `suspended` (an unknown tool throws `RequestError`). */
-  async setState(tool: string, state: ToolState): Promise<SetStateAnswer> {
-    return this.simple<SetStateAnswer>({ op: "set_state", tool, state });
+  /**
+   * Makes a tool `active`, `deferred` or `suspended` (an unknown tool throws `RequestError`):
+   * daemon-wide, or with `session` for the calls in that open session only (its state wins
+   * over the daemon-wide one until it closes; a session that is gone throws
+   * `SessionUnknownError`).
+   */
+  async setState(tool: string, state: ToolState, options: { session?: string } = {}): Promise<SetStateAnswer> {
+    const request: SetStateRequest = { op: "set_state", tool, state };
+    if (options.session !== undefined) request.session = options.session;
+    return this.simple<SetStateAnswer>(request);
+  }
+
+  /**
+   * Opens a session workspace (`session_open`). Throws `SessionLimitError` when the policy's
+   * `max_sessions` are open, and `RequestError` (`invalid_request`) for a bad base or size.
+   */
+  async openSession(options: SessionOpenOptions = {}): Promise<Session> {
+    const request: SessionOpenRequest = { op: "session_open" };
+    if (options.base !== undefined) request.base = options.base;
+    if (options.size !== undefined) request.size = options.size;
+    if (options.planMode) request.plan_mode = true;
+    return new Session(this, await this.simple<SessionOpenAnswer>(request));
+  }
+
+  /**
+   * Writes a file of a session's workspace (`put_file`); a string is written as UTF-8.
+   * Throws `WorkspaceFullError` when it does not fit, `SessionUnknownError` for no such session.
+   */
+  async putFile(session: string, path: string, content: Uint8Array | string): Promise<PutFileAnswer> {
+    const bytes = typeof content === "string" ? Buffer.from(content, "utf8") : Buffer.from(content);
+    return this.simple<PutFileAnswer>({
+      op: "put_file",
+      session,
+      path,
+      content_base64: bytes.toString("base64"),
+    });
+  }
+
+  /** Reads a file of a session's workspace (`get_file`, at most 1 MiB). */
+  async getFile(session: string, path: string): Promise<Buffer> {
+    const answer = await this.simple<GetFileAnswer>({ op: "get_file", session, path });
+    return Buffer.from(answer.content_base64, "base64");
+  }
+
+  /** What differs in a session's workspace from its base (`changes`). */
+  async changes(session: string): Promise<Change[]> {
+    return (await this.simple<ChangesAnswer>({ op: "changes", session })).changes;
+  }
+
+  /** Closes a session and removes its files (`session_close`). */
+  async closeSession(session: string): Promise<void> {
+    await this.simple<{ closed: true }>({ op: "session_close", session });
   }
 
   /** Closes the connection; requests in flight reject with `ClientClosedError` and the daemon cancels them. */
@@ -493,7 +557,7 @@ export class AirlockClient {
     const connection = await this.current();
     const answer = await connection.send(this.nextId(), request);
     if (answer.error) {
-      throw new RequestError(answer.error);
+      throw requestError(answer.error);
     }
     return answer.result as T;
   }
@@ -525,7 +589,7 @@ export class AirlockClient {
         signal?.removeEventListener("abort", onAbort);
       }
       if (answer.error) {
-        throw new RequestError(answer.error);
+        throw requestError(answer.error);
       }
       const result = answer.result as unknown as ToolResult | DryRunAnswer;
       const retry = this.overloadRetry;

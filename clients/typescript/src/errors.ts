@@ -7,7 +7,9 @@
  * - `ProtocolMismatchError`: the daemon speaks another version of the wire contract;
  * - `RequestError`: the daemon refused the request itself (`invalid_request`, `forbidden`,
  *   `unknown_tool` from `set_state`): a bug in the caller or a missing permission, not an
- *   outcome of a tool.
+ *   outcome of a tool. The session ops' refusals are its subclasses `SessionUnknownError`,
+ *   `SessionLimitError` and `WorkspaceFullError`, so that an agent loop can tell "the
+ *   session is gone" from "too many sessions" from "no room" without comparing strings.
  */
 
 import type { RequestErrorBody } from "./protocol.js";
@@ -89,6 +91,29 @@ export class RequestError extends AirlockError {
     super(`${body.kind}: ${body.message}`);
     this.kind = body.kind;
     this.retryAfterMs = body.retry_after_ms;
+  }
+}
+
+/** `session_unknown`: no open session has this id (never opened, closed or expired). */
+export class SessionUnknownError extends RequestError {}
+
+/** `session_limit`: as many sessions are open as the policy's `max_sessions`. */
+export class SessionLimitError extends RequestError {}
+
+/** `workspace_full`: the session's workspace has no room for the file. */
+export class WorkspaceFullError extends RequestError {}
+
+/** The `RequestError` (or the subclass of its kind) for an answer's `error`. */
+export function requestError(body: RequestErrorBody): RequestError {
+  switch (body.kind) {
+    case "session_unknown":
+      return new SessionUnknownError(body);
+    case "session_limit":
+      return new SessionLimitError(body);
+    case "workspace_full":
+      return new WorkspaceFullError(body);
+    default:
+      return new RequestError(body);
   }
 }
 

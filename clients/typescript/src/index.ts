@@ -13,4 +13,5 @@ export {
   type ProposeResult,
   type ReconnectOptions,
 } from "./client.js";
+export { Session, type SessionCallOptions, type SessionOpenOptions } from "./session.js";
 export * from "./driver.js";

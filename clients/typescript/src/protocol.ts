@@ -383,11 +383,18 @@ export interface SetStateRequest {
   op: "set_state";
   tool: string;
   state: ToolState;
+  session?: string;
 }
 
 export interface PlainRequest {
   id?: RequestId;
-  op: "tools" | "health" | "stats";
+  op: "health" | "stats";
+}
+
+export interface ToolsRequest {
+  id?: RequestId;
+  op: "tools";
+  session?: string;
 }
 
 export interface SessionOpenRequest {
@@ -395,6 +402,7 @@ export interface SessionOpenRequest {
   op: "session_open";
   base?: string;
   size?: number | string;
+  plan_mode?: boolean;
 }
 
 export interface PutFileRequest {
@@ -430,7 +438,8 @@ export type Request =
   | SessionOpenRequest
   | PutFileRequest
   | GetFileRequest
-  | SessionRequest;
+  | SessionRequest
+  | ToolsRequest;
 
 /**
  * Which schema object each interface above mirrors (JSON pointers into
@@ -478,6 +487,7 @@ export const SCHEMA_OF = {
   PutFileRequest: "/$defs/request/oneOf/8",
   GetFileRequest: "/$defs/request/oneOf/9",
   SessionRequest: "/$defs/request/oneOf/10",
+  ToolsRequest: "/$defs/request/oneOf/11",
   ErrorKind: "/$defs/error_kind",
   ToolState: "/$defs/tool_listing/properties/state",
   SideEffect: "/$defs/tool_listing/properties/side_effect",

@@ -166,21 +166,15 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
                 .await;
         }
         Op::SetState(request) => {
-            let (tool, state) = (request.tool, request.state);
-            let body = match ToolState::from_name(&state) {
-                None => error_body(
-                    "invalid_request",
-                    format!("state must be active, deferred or suspended, not {state:?}"),
-                ),
-                Some(state) if shared.gate.set_state(&tool, state) => {
-                    json!({"result": {"tool": tool, "state": state}})
-                }
-                Some(_) => error_body("unknown_tool", format!("no tool named {tool:?}")),
-            };
+            let body = set_state(shared, request).await;
             answers.send(reply(body), None).await;
         }
-        Op::Tools => {
-            let body = json!({"result": {"tools": shared.gate.tools()}});
+        Op::Tools(request) => {
+            let tools = match request.session {
+                Some(session) => shared.gate.tools_in(&session),
+                None => shared.gate.tools(),
+            };
+            let body = json!({"result": {"tools": tools}});
             answers.send(reply(body), None).await;
         }
         Op::Health => {
@@ -206,6 +200,36 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
             let body = super::sessions::answer(&shared.gate, op).await;
             answers.send(reply(body), None).await;
         }
+    }
+}
+
+/// `set_state`: daemon-wide, or for one open session (its lookup sweeps expired sessions,
+/// which removes files: on the blocking pool, like the other session ops).
+async fn set_state(shared: &Shared, request: super::wire::SetStateRequest) -> Value {
+    let (tool, state, session) = (request.tool, request.state, request.session);
+    let Some(parsed) = ToolState::from_name(&state) else {
+        return error_body(
+            "invalid_request",
+            format!("state must be active, deferred or suspended, not {state:?}"),
+        );
+    };
+    let known = match session {
+        None => Ok(shared.gate.set_state(&tool, parsed)),
+        Some(session) => {
+            let (gate, tool) = (std::sync::Arc::clone(&shared.gate), tool.clone());
+            let set = tokio::task::spawn_blocking(move || {
+                gate.set_session_state(&session, &tool, parsed)
+            });
+            match set.await {
+                Ok(known) => known,
+                Err(_) => return error_body("sandbox_unavailable", "set_state failed"),
+            }
+        }
+    };
+    match known {
+        Ok(true) => json!({"result": {"tool": tool, "state": parsed}}),
+        Ok(false) => error_body("unknown_tool", format!("no tool named {tool:?}")),
+        Err(error) => error_body(error.kind(), error.to_string()),
     }
 }
 

@@ -54,7 +54,11 @@ fn run(gate: &Gate, sessions: &Sessions, op: Op) -> Value {
     let policy = gate.policy();
     let bounds = &policy.sessions;
     let outcome = match op {
-        Op::SessionOpen(SessionOpenRequest { base, size }) => {
+        Op::SessionOpen(SessionOpenRequest {
+            base,
+            size,
+            plan_mode,
+        }) => {
             let size = match size {
                 None => None,
                 Some(SizeField::Bytes(bytes)) => Some(bytes),
@@ -74,7 +78,16 @@ fn run(gate: &Gate, sessions: &Sessions, op: Op) -> Value {
                 .unwrap_or(airlock_policy::validate::DEFAULT_WORKSPACE_BYTES);
             sessions
                 .open(bounds, base.as_deref(), size, default)
-                .map(|opened| json!(opened))
+                .and_then(|opened| {
+                    // Before the id is answered, so no call in it can run outside plan mode.
+                    if plan_mode
+                        && let Err(error) = sessions.set_plan_mode(bounds, &opened.session, true)
+                    {
+                        let _ = sessions.close(&opened.session);
+                        return Err(error);
+                    }
+                    Ok(json!(opened))
+                })
         }
         Op::PutFile(PutFileRequest {
             session,

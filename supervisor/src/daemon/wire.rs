@@ -25,7 +25,7 @@ pub const MAX_ID_BYTES: usize = 256;
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     /// List every tool with its state and the schemas the gate enforces.
-    Tools,
+    Tools(ToolsRequest),
     /// Call a tool.
     Call(CallRequest),
     /// Cancel an in-flight request of this connection.
@@ -54,6 +54,15 @@ pub enum Op {
     SessionClose(SessionRequest),
 }
 
+/// The fields of `tools`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsRequest {
+    /// List the states as calls in this open session see them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
 /// The fields of `session_open`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,6 +73,9 @@ pub struct SessionOpenRequest {
     /// The workspace's size limit: bytes, or a size like `"64MiB"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<SizeField>,
+    /// Every call in the session is in plan mode, whatever the call asks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plan_mode: bool,
 }
 
 /// A size: a number of bytes or a text like `"64MiB"`.
@@ -170,6 +182,9 @@ pub struct SetStateRequest {
     pub tool: String,
     /// `active`, `deferred` or `suspended`.
     pub state: String,
+    /// An open session: the state holds for calls in it only, until it closes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// Why a request could not be read; answered as `invalid_request` with this message.
@@ -337,7 +352,7 @@ fn op_from_fields(fields: Vec<(String, Box<RawValue>)>) -> Result<Op, RequestErr
         }),
     };
     let op = match name.as_str() {
-        "tools" => unit(Op::Tools)?,
+        "tools" => Op::Tools(fields_of(&name, &object)?),
         "health" => unit(Op::Health)?,
         "stats" => unit(Op::Stats)?,
         "call" => Op::Call(fields_of(&name, &object)?),
@@ -393,7 +408,14 @@ fn check_ids(op: &Op) -> Result<(), RequestError> {
             }
             Ok(())
         }
-        Op::PutFile(PutFileRequest { session, .. })
+        Op::SetState(SetStateRequest {
+            session: Some(session),
+            ..
+        })
+        | Op::Tools(ToolsRequest {
+            session: Some(session),
+        })
+        | Op::PutFile(PutFileRequest { session, .. })
         | Op::GetFile(GetFileRequest { session, .. })
         | Op::Changes(SessionRequest { session })
         | Op::SessionClose(SessionRequest { session }) => check_id("session", session),

@@ -41,9 +41,13 @@ pub struct DryRun {
 impl Gate {
     /// Validates and decides, and says what would run — executing nothing.
     pub fn dry_run(&self, call: &ToolCall, opts: &CallOptions) -> Result<DryRun, ToolResult> {
-        let prepared = self.prepare(call).map_err(|e| rejected(call, e))?;
+        let prepared = self
+            .prepare(call, opts.session.as_deref())
+            .map_err(|e| rejected(call, e))?;
         let tool = &prepared.tool.tool;
-        let (decision, rule) = if opts.plan_mode && tool.side_effect != SideEffect::Read {
+        let (_, plan_mode) =
+            self.settings_in(&prepared.tool, opts.session.as_deref(), opts.plan_mode);
+        let (decision, rule) = if plan_mode && tool.side_effect != SideEffect::Read {
             (Decision::Deny, "plan_mode".to_string())
         } else {
             let v = decide(&prepared.policy.gate, tool, &prepared.input);

@@ -32,6 +32,7 @@ pub use dry_run::DryRun;
 
 mod dry_run;
 mod heap;
+mod session_settings;
 
 use heap::json_heap_bytes;
 
@@ -312,10 +313,10 @@ impl Gate {
     }
 
     /// Validation: known active tool, input within limits and schema, argv renders.
-    fn prepare(&self, call: &ToolCall) -> Result<Prepared, ToolError> {
+    fn prepare(&self, call: &ToolCall, session: Option<&str>) -> Result<Prepared, ToolError> {
         let policy = self.policy();
         let tool = match policy.tools.get(&call.tool) {
-            Some(tool) => match self.state_of(tool) {
+            Some(tool) => match self.settings_in(tool, session, false).0 {
                 ToolState::Active => tool.clone(),
                 state => return Err(unavailable(&tool.tool.name, state)),
             },
@@ -385,7 +386,9 @@ impl Gate {
         prepared: &Prepared,
     ) -> Result<Verdict, ToolResult> {
         let tool = &prepared.tool.tool;
-        if opts.plan_mode && tool.side_effect != SideEffect::Read {
+        let (_, plan_mode) =
+            self.settings_in(&prepared.tool, opts.session.as_deref(), opts.plan_mode);
+        if plan_mode && tool.side_effect != SideEffect::Read {
             return Err(self.denied(
                 call,
                 opts,
@@ -462,7 +465,7 @@ impl Gate {
     /// approval — without taking a rate limit's token or a worker: a daemon asks this first,
     /// so that a call the gate refuses never waits for, or holds, a concurrency slot.
     pub fn admit(&self, call: &ToolCall, opts: &CallOptions) -> Result<Admitted, ToolResult> {
-        let prepared = match self.prepare(call) {
+        let prepared = match self.prepare(call, opts.session.as_deref()) {
             Ok(p) => p,
             Err(error) => return Err(self.refuse(call, opts, error)),
         };
@@ -670,7 +673,9 @@ impl Gate {
 
     /// Phase one: validates and decides, and stores an approval for a call that needs one.
     pub fn propose(&self, call: &ToolCall, opts: &CallOptions) -> Result<Approval, ToolResult> {
-        let prepared = self.prepare(call).map_err(|e| self.refuse(call, opts, e))?;
+        let prepared = self
+            .prepare(call, opts.session.as_deref())
+            .map_err(|e| self.refuse(call, opts, e))?;
         let verdict = self.decide(call, opts, &prepared)?;
         let now = self.clock.now();
         let gate = &prepared.policy.gate;
@@ -806,7 +811,7 @@ impl Gate {
                 "the tool or its profile changed since it was proposed",
             ));
         }
-        let prepared = match self.prepare(&call) {
+        let prepared = match self.prepare(&call, pending.approval.session.as_deref()) {
             Ok(p) => p,
             Err(e) => return self.refuse(&call, opts, e),
         };

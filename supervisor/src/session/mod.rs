@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use airlock_policy::CompiledProfile;
-use airlock_policy::validate::SessionPolicy;
+use airlock_policy::validate::{SessionPolicy, ToolState};
 use serde::Serialize;
 
 pub use changes::{Change, ChangeKind};
@@ -147,6 +147,11 @@ struct SessionState {
     calls: usize,
     /// Each policy profile with this session's workspace added.
     profiles: Vec<(Arc<CompiledProfile>, Arc<CompiledProfile>)>,
+    /// Tool states set for this session alone (`set_state` naming it): they win over the
+    /// gate's own for calls in it, and go with it when it closes.
+    states: HashMap<String, ToolState>,
+    /// Every call in it is in plan mode, whatever the call asks.
+    plan_mode: bool,
 }
 
 fn millis(t: SystemTime) -> u64 {
@@ -245,6 +250,8 @@ impl Sessions {
                 last_used: now,
                 calls: 0,
                 profiles: Vec::new(),
+                states: HashMap::new(),
+                plan_mode: false,
             }),
         });
         let isolation = if session.base.is_some() {
@@ -314,6 +321,41 @@ impl Sessions {
             .ok_or(SessionError::Unknown { op })?;
         session.touch(self.clock.now());
         Ok(session)
+    }
+
+    /// Puts every call in the session `id` in plan mode (`on`), or leaves it to each call.
+    pub fn set_plan_mode(
+        &self,
+        policy: &SessionPolicy,
+        id: &str,
+        on: bool,
+    ) -> Result<(), SessionError> {
+        self.get(policy, "session_open", id)?.state().plan_mode = on;
+        Ok(())
+    }
+
+    /// Sets `tool`'s state for calls in the session `id` only.
+    pub fn set_state(
+        &self,
+        policy: &SessionPolicy,
+        id: &str,
+        tool: &str,
+        state: ToolState,
+    ) -> Result<(), SessionError> {
+        let session = self.get(policy, "set_state", id)?;
+        session.state().states.insert(tool.to_string(), state);
+        Ok(())
+    }
+
+    /// What the session `id` sets for a call of `tool`: its own state of the tool, if it
+    /// set one, and whether it is in plan mode. Nothing for an id that is no open session
+    /// (a call may name a session only to be counted by it). A lookup: not a use.
+    pub fn overrides(&self, id: &str, tool: &str) -> (Option<ToolState>, bool) {
+        let Some(session) = self.table().get(id).cloned() else {
+            return (None, false);
+        };
+        let state = session.state();
+        (state.states.get(tool).copied(), state.plan_mode)
     }
 
     /// Writes `content` to `path` (relative) in the session's workspace.

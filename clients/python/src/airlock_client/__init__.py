@@ -15,7 +15,6 @@ from .client import (
     PROTOCOL_VERSION,
     Client,
     RequestTooLarge,
-    Session,
 )
 from .errors import (
     AirlockError,
@@ -35,10 +34,13 @@ from .errors import (
     UnknownTool,
     WorkspaceFull,
 )
+from .session import Session
 from .types import (
     Approval,
     ApprovalMode,
     CallResult,
+    Change,
+    ChangeKind,
     Coverage,
     Decision,
     Denial,
@@ -51,6 +53,8 @@ from .types import (
     Limits,
     Network,
     NetworkEvent,
+    SessionInfo,
+    SessionIsolation,
     SideEffect,
     StateChange,
     Stats,
@@ -71,6 +75,8 @@ __all__ = [
     "Approval",
     "ApprovalMode",
     "CallResult",
+    "Change",
+    "ChangeKind",
     "Client",
     "ClientClosed",
     "ConnectionLost",
@@ -96,6 +102,8 @@ __all__ = [
     "RequestTooLarge",
     "SandboxUnavailable",
     "Session",
+    "SessionInfo",
+    "SessionIsolation",
     "SessionLimit",
     "SessionUnknown",
     "SideEffect",

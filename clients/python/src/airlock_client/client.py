@@ -8,6 +8,8 @@ in flight at once. See the package's README for the error model and the retry ru
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import itertools
 import json
 import logging
@@ -28,7 +30,19 @@ from .errors import (
     RequestError,
     TransportError,
 )
-from .types import Approval, CallResult, DryRun, Health, StateChange, Stats, ToolListing, ToolState
+from .session import Session
+from .types import (
+    Approval,
+    CallResult,
+    Change,
+    DryRun,
+    Health,
+    SessionInfo,
+    StateChange,
+    Stats,
+    ToolListing,
+    ToolState,
+)
 
 PROTOCOL_VERSION = 1
 """The version of the daemon's wire contract this package was written for."""
@@ -538,9 +552,14 @@ class Client:
         """``stats``: the daemon's counters and limits."""
         return Stats.from_json(await self._roundtrip({"op": "stats"}))
 
-    async def tools(self) -> list[ToolListing]:
-        """``tools``: every tool of the policy with its state and schemas."""
-        result = await self._roundtrip({"op": "tools"})
+    async def tools(self, *, session: str | None = None) -> list[ToolListing]:
+        """``tools``: every tool of the policy with its state and schemas; with
+        ``session``, the states calls in that open session see (its own
+        :meth:`set_state` over the daemon-wide one)."""
+        body: dict[str, Any] = {"op": "tools"}
+        if session is not None:
+            body["session"] = _short_text("session", session)
+        result = await self._roundtrip(body)
         if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
             raise ProtocolError(f"the tools answer has no list of tools: {result!r:.200}")
         return [ToolListing.from_json(t) for t in result["tools"]]
@@ -673,13 +692,20 @@ class Client:
             raise ProtocolError(f"the reject answer has no existed flag: {result!r:.200}")
         return existed
 
-    async def set_state(self, tool: str, state: ToolState) -> StateChange:
-        """``set_state``: makes a tool ``active``, ``deferred`` or ``suspended``. Raises
-        :class:`~airlock_client.UnknownTool` for no such tool and
+    async def set_state(
+        self, tool: str, state: ToolState, *, session: str | None = None
+    ) -> StateChange:
+        """``set_state``: makes a tool ``active``, ``deferred`` or ``suspended``:
+        daemon-wide, or with ``session`` for the calls in that open session only (its
+        state wins over the daemon-wide one until the session closes). Raises
+        :class:`~airlock_client.UnknownTool` for no such tool,
+        :class:`~airlock_client.SessionUnknown` for a session that is not open and
         :class:`~airlock_client.Forbidden` for a peer that may not approve."""
         if state not in _STATES:
             raise ValueError(f"state must be one of {', '.join(_STATES)}, not {state!r}")
         body = {"op": "set_state", "tool": _str("tool", tool), "state": state}
+        if session is not None:
+            body["session"] = _short_text("session", session)
         return StateChange.from_json(await self._roundtrip(body))
 
     async def request(self, request: Mapping[str, Any]) -> Any:
@@ -693,63 +719,89 @@ class Client:
 
     def session(self, name: str) -> Session:
         """A view of this client whose calls, proposals and executions carry ``session``
-        (what the daemon's rate limits and audit log count calls by)."""
+        (what the daemon's rate limits and audit log count calls by). To reach a workspace
+        of the daemon, name the id of an open session, or use :meth:`open_session`."""
         return Session(self, name)
 
+    # --- session workspaces -----------------------------------------------------------
 
-class Session:
-    """A client's calls under one ``session`` id. The daemon has no session ops: a session
-    is the ``session`` field of each call, propose and execute."""
-
-    def __init__(self, client: Client, name: str) -> None:
-        self.client = client
-        self.name = _short_text("session", name)
-
-    async def call(
+    async def open_session(
         self,
-        tool: str,
-        arguments: Any = None,
         *,
-        arguments_json: str | None = None,
-        call_id: str | None = None,
-        timeout_ms: int | None = None,
+        base: str | None = None,
+        size: int | str | None = None,
         plan_mode: bool | None = None,
-        cancel: asyncio.Event | None = None,
-    ) -> CallResult:
-        """:meth:`Client.call` in this session."""
-        return await self.client.call(
-            tool,
-            arguments,
-            arguments_json=arguments_json,
-            session=self.name,
-            call_id=call_id,
-            timeout_ms=timeout_ms,
-            plan_mode=plan_mode,
-            cancel=cancel,
-        )
+    ) -> Session:
+        """``session_open``: a workspace of files kept across calls, as a :class:`Session`.
 
-    async def propose(
-        self,
-        tool: str,
-        arguments: Any = None,
-        *,
-        arguments_json: str | None = None,
-        call_id: str | None = None,
-        plan_mode: bool | None = None,
-    ) -> Approval | CallResult:
-        """:meth:`Client.propose` in this session."""
-        return await self.client.propose(
-            tool,
-            arguments,
-            arguments_json=arguments_json,
-            session=self.name,
-            call_id=call_id,
-            plan_mode=plan_mode,
-        )
+        ``base``: a host directory under the policy's ``sessions.bases`` to start from a
+        copy of; ``size``: the size limit, bytes or a size such as ``"64MiB"`` (default:
+        the policy's); ``plan_mode``: every call in the session is in plan mode (only
+        read-only tools run), which no call can lift. Raises :class:`~airlock_client.SessionLimit` when ``max_sessions``
+        are open, :class:`~airlock_client.InvalidRequest` for a bad base or size."""
+        body: dict[str, Any] = {"op": "session_open"}
+        if base is not None:
+            body["base"] = _str("base", base)
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, (int, str)):
+                raise TypeError(f"size must be an int or a str, not {type(size).__name__}")
+            body["size"] = size
+        if plan_mode is not None:
+            if not isinstance(plan_mode, bool):
+                raise TypeError("plan_mode must be a bool")
+            body["plan_mode"] = plan_mode
+        info = SessionInfo.from_json(await self._roundtrip(body))
+        return Session(self, info.session, info)
 
-    async def execute(self, approval_id: str, *, cancel: asyncio.Event | None = None) -> CallResult:
-        """:meth:`Client.execute` in this session."""
-        return await self.client.execute(approval_id, session=self.name, cancel=cancel)
+    async def put_file(self, session: str, path: str, content: bytes | str) -> int:
+        """``put_file``: writes ``content`` (a str as UTF-8) at ``path``, relative to the
+        session's workspace, making parent directories; returns its size. Raises
+        :class:`~airlock_client.WorkspaceFull` when it does not fit,
+        :class:`~airlock_client.SessionUnknown` for no such open session."""
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"content must be bytes or a str, not {type(content).__name__}")
+        body = {
+            "op": "put_file",
+            "session": _short_text("session", session),
+            "path": _str("path", path),
+            "content_base64": base64.b64encode(data).decode("ascii"),
+        }
+        result = await self._roundtrip(body)
+        size = result.get("size") if isinstance(result, dict) else None
+        if type(size) is not int:
+            raise ProtocolError(f"the put_file answer has no size: {result!r:.200}")
+        return size
+
+    async def get_file(self, session: str, path: str) -> bytes:
+        """``get_file``: the bytes of the file at ``path`` (at most 1 MiB)."""
+        body = {
+            "op": "get_file",
+            "session": _short_text("session", session),
+            "path": _str("path", path),
+        }
+        result = await self._roundtrip(body)
+        encoded = result.get("content_base64") if isinstance(result, dict) else None
+        if not isinstance(encoded, str):
+            raise ProtocolError(f"the get_file answer has no content_base64: {result!r:.200}")
+        try:
+            return base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ProtocolError(f"the get_file answer's content_base64 is not base64: {e}") from None
+
+    async def changes(self, session: str) -> list[Change]:
+        """``changes``: every path of the workspace that differs from its base (every
+        file, without one), in path order."""
+        body = {"op": "changes", "session": _short_text("session", session)}
+        result = await self._roundtrip(body)
+        changes = result.get("changes") if isinstance(result, dict) else None
+        if not isinstance(changes, list):
+            raise ProtocolError(f"the changes answer has no list of changes: {result!r:.200}")
+        return [Change.from_json(c) for c in changes]
+
+    async def close_session(self, session: str) -> None:
+        """``session_close``: closes the session and removes its files."""
+        await self._roundtrip({"op": "session_close", "session": _short_text("session", session)})
 
 
 def _str(name: str, value: object) -> str:

@@ -55,6 +55,8 @@ NetworkEventEnd = Literal[
 ]
 DenialLayer = Literal["seccomp", "landlock", "mounts", "network", "limit"]
 Coverage = Literal["reported", "unavailable"]
+SessionIsolation = Literal["copy", "empty"]
+ChangeKind = Literal["added", "modified", "deleted"]
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -506,6 +508,41 @@ class StateChange:
     def from_json(cls, value: Any) -> StateChange:
         o = _object(value, "set_state answer")
         return cls(_field(o, "tool", "set_state answer"), _field(o, "state", "set_state answer"))
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """The ``session_open`` answer: the session's id and what it was opened with."""
+
+    session: str
+    """The id: 128 random bits, hex. Whoever holds it can use the session."""
+    expires_at: int
+    """When the daemon closes it unless used (ms since the Unix epoch), as of opening."""
+    isolation: SessionIsolation
+    """``copy`` when it started as a copy of its base, ``empty`` otherwise."""
+    size: int
+    """The workspace's size limit, in bytes."""
+
+    @classmethod
+    def from_json(cls, value: Any) -> SessionInfo:
+        o = _object(value, "session_open answer")
+        w = "session_open answer"
+        return cls(**{name: _field(o, name, w) for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One path of a session's workspace that differs from its base (``changes``)."""
+
+    path: str
+    kind: ChangeKind
+    size: int
+    """The file's size now; 0 for ``deleted``."""
+
+    @classmethod
+    def from_json(cls, value: Any) -> Change:
+        o = _object(value, "change")
+        return cls(_field(o, "path", "change"), _field(o, "kind", "change"), _field(o, "size", "change"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,57 @@
+//! Settings of one open session: its own tool states and its plan mode, over the gate's.
+
+use airlock_policy::CompiledTool;
+use airlock_policy::validate::ToolState;
+
+use super::Gate;
+use crate::listing::ToolListing;
+use crate::session::SessionError;
+
+impl Gate {
+    /// `tool`'s state and the plan mode for a call in `session`: an open session's own
+    /// state of the tool wins over the gate's, and plan mode holds when the session or the
+    /// call asks for it, so a call cannot lift its session's.
+    pub(super) fn settings_in(
+        &self,
+        tool: &CompiledTool,
+        session: Option<&str>,
+        plan_mode: bool,
+    ) -> (ToolState, bool) {
+        let (state, session_plan) = match (session, &self.sessions) {
+            (Some(id), Some(sessions)) => sessions.overrides(id, &tool.tool.name),
+            _ => (None, false),
+        };
+        (
+            state.unwrap_or_else(|| self.state_of(tool)),
+            plan_mode || session_plan,
+        )
+    }
+
+    /// Changes a tool's availability for calls in one open session only; `Ok(false)` if
+    /// there is no such tool. The session's setting goes when it closes.
+    pub fn set_session_state(
+        &self,
+        session: &str,
+        tool: &str,
+        state: ToolState,
+    ) -> Result<bool, SessionError> {
+        if !self.policy().tools.contains_key(tool) {
+            return Ok(false);
+        }
+        let Some(sessions) = &self.sessions else {
+            return Err(SessionError::Unknown { op: "set_state" });
+        };
+        sessions.set_state(&self.policy().sessions, session, tool, state)?;
+        Ok(true)
+    }
+
+    /// [`Gate::tools`] with the states calls in `session` see: its own where it set one.
+    /// An id that is no open session sees the gate's states, as its calls do.
+    pub fn tools_in(&self, session: &str) -> Vec<ToolListing> {
+        self.policy()
+            .tools
+            .values()
+            .map(|t| ToolListing::of(t, self.settings_in(t, Some(session), false).0))
+            .collect()
+    }
+}
