@@ -45,6 +45,7 @@ impl Gate {
             .prepare(call, opts.session.as_deref())
             .map_err(|e| rejected(call, e))?;
         let tool = &prepared.tool.tool;
+        self.session_in_force(call, opts)?;
         let (_, plan_mode) =
             self.settings_in(&prepared.tool, opts.session.as_deref(), opts.plan_mode);
         let (decision, rule) = if plan_mode && tool.side_effect != SideEffect::Read {

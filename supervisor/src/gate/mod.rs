@@ -386,6 +386,7 @@ impl Gate {
         prepared: &Prepared,
     ) -> Result<Verdict, ToolResult> {
         let tool = &prepared.tool.tool;
+        self.session_in_force(call, opts)?;
         let (_, plan_mode) =
             self.settings_in(&prepared.tool, opts.session.as_deref(), opts.plan_mode);
         if plan_mode && tool.side_effect != SideEffect::Read {

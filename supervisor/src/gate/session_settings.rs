@@ -5,9 +5,37 @@ use airlock_policy::validate::ToolState;
 
 use super::Gate;
 use crate::listing::ToolListing;
+use crate::result::{ErrorKind, ToolError, ToolResult};
 use crate::session::SessionError;
+use crate::{CallOptions, ToolCall};
 
 impl Gate {
+    /// Refuses a call naming a session that ended after setting a plan mode or tool
+    /// states: given the daemon-wide settings instead, it could do what its session had
+    /// ruled out. A call naming an open session keeps it from expiring.
+    pub(super) fn session_in_force(
+        &self,
+        call: &ToolCall,
+        opts: &CallOptions,
+    ) -> Result<(), ToolResult> {
+        let (Some(id), Some(sessions)) = (opts.session.as_deref(), &self.sessions) else {
+            return Ok(());
+        };
+        if sessions.ended_with_settings(id) {
+            return Err(self.refuse(
+                call,
+                opts,
+                ToolError::new(
+                    ErrorKind::SessionUnknown,
+                    "the session has ended; the plan mode and tool states it set no longer \
+                     apply, and its calls do not run without them",
+                ),
+            ));
+        }
+        sessions.touch(id);
+        Ok(())
+    }
+
     /// `tool`'s state and the plan mode for a call in `session`: an open session's own
     /// state of the tool wins over the gate's, and plan mode holds when the session or the
     /// call asks for it, so a call cannot lift its session's.

@@ -129,6 +129,19 @@ pub struct Sessions {
     /// Closed sessions whose files could not all be removed yet (a call still writing in
     /// an unprivileged workspace): every sweep tries again.
     leftovers: Mutex<Vec<Arc<Session>>>,
+    /// Ids of ended sessions that had set a plan mode or tool states: a call still naming
+    /// one is refused rather than quietly given the daemon-wide settings (which would lift
+    /// its plan mode). Bounded: the oldest are forgotten first.
+    ended: Mutex<EndedSessions>,
+}
+
+/// Most ended sessions remembered (128-bit ids: a few MiB at most).
+const MAX_ENDED: usize = 65_536;
+
+#[derive(Debug, Default)]
+struct EndedSessions {
+    ids: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
 }
 
 #[derive(Debug)]
@@ -175,6 +188,7 @@ impl Sessions {
             clock,
             open: Mutex::new(HashMap::new()),
             leftovers: Mutex::new(Vec::new()),
+            ended: Mutex::new(EndedSessions::default()),
         })
     }
 
@@ -347,6 +361,44 @@ impl Sessions {
         Ok(())
     }
 
+    /// Whether `id` names a session that has ended (closed or expired) after setting a plan
+    /// mode or tool states: its calls must not run with the daemon-wide settings instead.
+    pub fn ended_with_settings(&self, id: &str) -> bool {
+        self.ended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .ids
+            .contains(id)
+    }
+
+    /// A call names the open session `id`: it is in use, and does not expire meanwhile.
+    pub fn touch(&self, id: &str) {
+        let session = self.table().get(id).cloned();
+        if let Some(session) = session {
+            session.touch(self.clock.now());
+        }
+    }
+
+    /// Remembers that `session` (`id`) ended, if it had settings of its own.
+    fn note_ended(&self, id: &str, session: &Session) {
+        let had_settings = {
+            let state = session.state();
+            state.plan_mode || !state.states.is_empty()
+        };
+        if !had_settings {
+            return;
+        }
+        let mut ended = self.ended.lock().unwrap_or_else(PoisonError::into_inner);
+        if ended.ids.insert(id.to_string()) {
+            ended.order.push_back(id.to_string());
+        }
+        while ended.order.len() > MAX_ENDED {
+            if let Some(oldest) = ended.order.pop_front() {
+                ended.ids.remove(&oldest);
+            }
+        }
+    }
+
     /// What the session `id` sets for a call of `tool`: its own state of the tool, if it
     /// set one, and whether it is in plan mode. Nothing for an id that is no open session
     /// (a call may name a session only to be counted by it). A lookup: not a use.
@@ -426,6 +478,7 @@ impl Sessions {
             .table()
             .remove(id)
             .ok_or(SessionError::Unknown { op: OP })?;
+        self.note_ended(id, &session);
         self.remove_storage(session);
         Ok(())
     }
@@ -454,20 +507,23 @@ impl Sessions {
             self.remove_storage(session);
         }
         let now = self.clock.now();
-        let expired: Vec<Arc<Session>> = {
+        let expired: Vec<(String, Arc<Session>)> = {
             let mut table = self.table();
             let ids: Vec<String> = table
                 .iter()
                 .filter(|(_, s)| s.expired(now, policy.idle_timeout))
                 .map(|(id, _)| id.clone())
                 .collect();
-            ids.iter().filter_map(|id| table.remove(id)).collect()
+            ids.into_iter()
+                .filter_map(|id| table.remove(&id).map(|s| (id, s)))
+                .collect()
         };
         let count = expired.len();
         if count > 0 {
             tracing::info!(count, "sessions expired");
         }
-        for session in expired {
+        for (id, session) in expired {
+            self.note_ended(&id, &session);
             self.remove_storage(session);
         }
         count

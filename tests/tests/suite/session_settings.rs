@@ -175,12 +175,15 @@ fn a_sessions_tool_state_holds_for_its_calls_only_and_goes_with_it() {
     assert_eq!(client.listed("echo", Some(&two)), "deferred");
     client.set_state("echo", "active", None);
 
-    // Closing the session drops its settings: the id no longer takes any.
+    // Closing the session drops its settings, and a call still naming it is refused rather
+    // than run with the daemon-wide ones (which would lift what the session had set).
     client.set_state("echo", "suspended", Some(&two));
     client.ask(json!({"id": 5, "op": "session_close", "session": two}));
-    assert_eq!(client.decide("echo", Some(&two), false), allowed);
+    assert_eq!(client.decide("echo", Some(&two), false), "session_unknown");
     let gone = client.set_state("echo", "suspended", Some(&two));
     assert_eq!(error_kind(&gone), "session_unknown", "{gone}");
+    // An id that never was a session is a label, as before.
+    assert_eq!(client.decide("echo", Some("agent-label"), false), allowed);
     // A session opened afterwards starts with none.
     let three = client.open(false);
     assert_eq!(client.decide("echo", Some(&three), false), allowed);
@@ -215,6 +218,18 @@ fn a_session_opened_in_plan_mode_runs_read_only_tools_only() {
     assert_eq!(refused["result"]["error"]["rule"], "plan_mode", "{refused}");
     let changes = client.ask(json!({"id": 7, "op": "changes", "session": planning}));
     assert_eq!(changes["result"]["changes"], json!([]), "{changes}");
+    // Closed, the planning session's calls do not quietly leave plan mode: they are refused.
+    client.ask(json!({"id": 8, "op": "session_close", "session": planning}));
+    let after = client.ask(json!({"id": 9, "op": "call", "tool": "sh",
+        "arguments": {"script": "touch x"}, "session": planning}));
+    assert_eq!(
+        after["result"]["error"]["kind"], "session_unknown",
+        "{after}"
+    );
+    assert_eq!(
+        client.decide("echo", Some(&planning), false),
+        "session_unknown"
+    );
 }
 
 #[test]
