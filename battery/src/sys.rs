@@ -62,8 +62,17 @@ pub fn pause() -> ! {
     }
 }
 
+/// getrlimit's resource argument: an enum type of its own in glibc, a plain int in musl
+/// (the static `airlock` is built against musl).
+#[cfg(target_env = "gnu")]
+pub type RlimitResource = libc::__rlimit_resource_t;
+/// getrlimit's resource argument: an enum type of its own in glibc, a plain int in musl
+/// (the static `airlock` is built against musl).
+#[cfg(not(target_env = "gnu"))]
+pub type RlimitResource = libc::c_int;
+
 /// getrlimit: (soft, hard).
-pub fn getrlimit(resource: libc::__rlimit_resource_t) -> Result<(u64, u64), i32> {
+pub fn getrlimit(resource: RlimitResource) -> Result<(u64, u64), i32> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -76,7 +85,7 @@ pub fn getrlimit(resource: libc::__rlimit_resource_t) -> Result<(u64, u64), i32>
 }
 
 /// setrlimit to (soft, hard).
-pub fn setrlimit(resource: libc::__rlimit_resource_t, soft: u64, hard: u64) -> Result<(), i32> {
+pub fn setrlimit(resource: RlimitResource, soft: u64, hard: u64) -> Result<(), i32> {
     let limit = libc::rlimit {
         rlim_cur: soft,
         rlim_max: hard,

@@ -255,6 +255,9 @@ pub fn confine_worker(
     //     (Debian's default) setsid also makes one, work that sat on each warm call's
     //     critical path when it ran per tool.
     sys::new_session().map_err(ConfineError::NewSession)?;
+    // How many capabilities this kernel has, for step 8, read while /proc is still the
+    // one the worker was started with: the mounts below may leave none.
+    let last_capability = sys::last_capability();
 
     timings.mark("session");
     // 2. Mounts first: they need CAP_SYS_ADMIN in our mount namespace and the host root
@@ -327,7 +330,7 @@ pub fn confine_worker(
     // 8. Capabilities: all sets emptied, bounding first (dropping it needs CAP_SETPCAP,
     //    which the later steps remove). An empty bounding set also means exec'ing as uid 0
     //    gains nothing.
-    sys::drop_bounding_set().map_err(ConfineError::DropBoundingSet)?;
+    sys::drop_bounding_set(last_capability).map_err(ConfineError::DropBoundingSet)?;
     for set in [
         CapSet::Ambient,
         CapSet::Inheritable,

@@ -356,7 +356,8 @@ pub fn receive_with_descriptors(socket: &impl AsRawFd, buffer: &mut [u8]) -> io:
     header.msg_iov = &mut iov;
     header.msg_iovlen = 1;
     header.msg_control = control.as_mut_ptr().cast();
-    header.msg_controllen = space;
+    // size_t in glibc's msghdr, socklen_t (u32) in musl's; `space` is at most 64.
+    header.msg_controllen = space as _;
     // SAFETY: the header points at `buffer` and `control`, both live and of the lengths
     // given, for the duration of the call.
     let read = unsafe {

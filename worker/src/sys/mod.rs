@@ -10,7 +10,9 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use airlock_protocol::BpfInstruction;
 
 mod alloc;
+mod bounding;
 pub use alloc::SingleThreadedHeap;
+pub use bounding::{drop_bounding_set, last_capability};
 
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
     if ret < 0 {
@@ -218,24 +220,6 @@ pub fn close_descriptor_range(first: u32, last: u32) -> io::Result<()> {
     // and holds no Rust object wrapping one of them (the protocol socket is outside it).
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
     check(ret).map(drop)
-}
-
-/// Empties the capability bounding set: one PR_CAPBSET_DROP per capability, without the
-/// `caps` crate's PR_CAPBSET_READ before each (41 syscalls less). EINVAL means a
-/// capability this kernel does not know, so not in its bounding set either.
-pub fn drop_bounding_set() -> io::Result<()> {
-    for cap in caps::all() {
-        let index = libc::c_ulong::from(cap.index());
-        // SAFETY: PR_CAPBSET_DROP takes a capability number and reads no memory.
-        let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, index, 0, 0, 0) };
-        if ret != 0 {
-            let error = io::Error::last_os_error();
-            if error.raw_os_error() != Some(libc::EINVAL) {
-                return Err(error);
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Brings the loopback interface of the current network namespace up.
