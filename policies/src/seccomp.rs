@@ -118,10 +118,7 @@ pub fn notification_of(
     let interpret::Verdict::Notify(data) = interpret::evaluate(program, arch, nr, args) else {
         return None;
     };
-    let name = crate::syscalls::SYSCALLS
-        .iter()
-        .find(|(_, n)| u32::try_from(*n).ok() == Some(nr))
-        .map(|(name, _)| *name);
+    let name = crate::syscalls::syscall_name(i64::from(nr));
     match (notified_refusal(data), name) {
         ((0, 0), Some(syscall)) => Some(Notified::Observed { syscall }),
         ((0, program::OUTSIDE_ALLOWLIST), Some(syscall)) => {

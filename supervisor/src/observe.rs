@@ -93,13 +93,18 @@ pub(crate) fn diagnose(
         };
         let in_root = |p: &str| sys::stat_in_root(notification.pid, p).ok();
         let host_has = |p: &str| std::fs::symlink_metadata(p).is_ok();
-        // A write names a path that may not exist yet: then its directory decides.
-        let target = match (access, in_root(&path)) {
+        // A write names a path that may not exist yet: then its directory decides. The
+        // path itself is looked up once.
+        let (target, state) = match (access, in_root(&path)) {
             (_, None) => continue,
-            (Access::Write, Some(None)) => parent_of(&path).to_string(),
-            (_, Some(_)) => path.clone(),
+            (Access::Write, Some(None)) => {
+                let parent = parent_of(&path).to_string();
+                let state = in_root(&parent);
+                (parent, state)
+            }
+            (_, state) => (path.clone(), state),
         };
-        let rule = match in_root(&target) {
+        let rule = match state {
             Some(None) if host_has(&target) => "not in the sandbox",
             Some(Some(true)) if access == Access::Write => "read-only",
             _ => continue,

@@ -203,14 +203,19 @@ fn learn(args: &LearnArgs) -> anyhow::Result<ExitCode> {
 
 /// The policy text and its name: the file, the preset, or the `default` preset.
 fn policy_text(args: &LearnArgs) -> anyhow::Result<(String, String)> {
-    match &args.policy {
+    read_policy(args.policy.as_ref(), args.preset.as_deref())
+}
+
+/// The text and name of policy file `policy`, else of preset `preset` (default `default`).
+fn read_policy(policy: Option<&PathBuf>, preset: Option<&str>) -> anyhow::Result<(String, String)> {
+    match policy {
         Some(path) => Ok((
             std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("cannot read policy file {}: {e}", path.display()))?,
             path.display().to_string(),
         )),
         None => {
-            let preset = args.preset.as_deref().unwrap_or(presets::DEFAULT_PRESET);
+            let preset = preset.unwrap_or(presets::DEFAULT_PRESET);
             let text = presets::preset_text(preset).ok_or_else(|| {
                 anyhow::anyhow!("no preset named {preset:?}; see `airlock preset`")
             })?;
@@ -244,20 +249,7 @@ pub(crate) fn observing_profile(
     preset: Option<&str>,
     profile: &str,
 ) -> anyhow::Result<airlock_policy::CompiledProfile> {
-    let (text, name) = match policy {
-        Some(path) => (
-            std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("cannot read policy file {}: {e}", path.display()))?,
-            path.display().to_string(),
-        ),
-        None => {
-            let preset = preset.unwrap_or(presets::DEFAULT_PRESET);
-            let text = presets::preset_text(preset).ok_or_else(|| {
-                anyhow::anyhow!("no preset named {preset:?}; see `airlock preset`")
-            })?;
-            (text.to_string(), format!("preset:{preset}"))
-        }
-    };
+    let (text, name) = read_policy(policy, preset)?;
     let validated = validate_text(&text, &name)?;
     let base = validated
         .profiles
