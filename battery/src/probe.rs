@@ -161,10 +161,7 @@ fn attack(name: &str, args: &[String]) -> Option<String> {
                 std::path::Path::new(arg(1)?),
                 std::path::Path::new(arg(2)?),
             );
-            let netns = std::fs::read_link("/proc/self/ns/net")
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|e| format!("netns-errno={}", e.raw_os_error().unwrap_or(0)));
-            format!("{listened} {netns}")
+            format!("{listened} {}", netns())
         }
         // The control for the above: a listener and a client in the same sandbox reach each
         // other, so `nobody`/`errno` across sandboxes is the boundary, not a broken probe.
@@ -176,6 +173,21 @@ fn attack(name: &str, args: &[String]) -> Option<String> {
                 UnixStream::connect_addr(&a)
             }))
         }
+        // What a call finds of the calls before it in its network namespace: the unix
+        // sockets listed there, whether abstract name arg 0 is free, and the namespace.
+        "abstract-bind" => {
+            use std::os::linux::net::SocketAddrExt;
+            let sockets = std::fs::read_to_string("/proc/net/unix")
+                .map(|t| t.lines().count().saturating_sub(1).to_string())
+                .unwrap_or_else(|e| format!("errno={}", e.raw_os_error().unwrap_or(0)));
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(arg(0)?.as_bytes());
+            let bound = show_io(addr.and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a)));
+            format!("sockets={sockets} bind={bound} {}", netns())
+        }
+        // A plant for the next call: a listener on abstract name arg 0 and a socket pair,
+        // sent in a message queued on the pair itself, so that they outlive this process
+        // until the kernel's collector finds the cycle.
+        "abstract-inflight" => format!("inflight={} {}", plant_in_flight(arg(0)?), netns()),
         "connect-unix" => show_io(UnixStream::connect(arg(0)?)),
         "connect-tcp" => {
             let addr: std::net::SocketAddr = arg(0)?.parse().ok()?;
@@ -440,6 +452,30 @@ fn fill_tmp() -> String {
         }
     }
     "unbounded".into()
+}
+
+/// This process's network namespace (`net:[inode]`).
+fn netns() -> String {
+    std::fs::read_link("/proc/self/ns/net")
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|e| format!("netns-errno={}", e.raw_os_error().unwrap_or(0)))
+}
+
+fn plant_in_flight(name: &str) -> String {
+    use std::os::fd::AsRawFd;
+    use std::os::linux::net::SocketAddrExt;
+    let planted = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a))
+        .and_then(|listener| UnixStream::pair().map(|pair| (listener, pair)));
+    let (listener, (a, b)) = match planted {
+        Ok(planted) => planted,
+        Err(e) => return format!("errno={}", e.raw_os_error().unwrap_or(0)),
+    };
+    let fds = [listener.as_raw_fd(), a.as_raw_fd(), b.as_raw_fd()];
+    match sys::send_fds(a.as_raw_fd(), &fds) {
+        Ok(()) => "ok".into(),
+        Err(errno) => format!("errno={errno}"),
+    }
 }
 
 fn listen_abstract(name: &str, ready: &std::path::Path, done: &std::path::Path) -> String {

@@ -113,3 +113,42 @@ pub fn ignore_sigxfsz() {
     // SAFETY: SIG_IGN is a valid disposition for SIGXFSZ and no handler code runs.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
+
+/// Sends one byte on the unix socket `socket` with `fds` attached (SCM_RIGHTS).
+pub fn send_fds(socket: libc::c_int, fds: &[libc::c_int]) -> Result<(), i32> {
+    let payload_len = std::mem::size_of_val(fds);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(payload_len as u32) } as usize;
+    // u64 elements keep the buffer aligned for cmsghdr.
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: msghdr is plain old data; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: msg_control points at `space` bytes we own, so CMSG_FIRSTHDR returns a
+    // pointer inside it; the header and `payload_len` bytes of data fit (CMSG_SPACE).
+    unsafe {
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        if header.is_null() {
+            return Err(libc::EINVAL);
+        }
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(payload_len as u32) as _;
+        std::ptr::copy_nonoverlapping(
+            fds.as_ptr().cast::<u8>(),
+            libc::CMSG_DATA(header),
+            payload_len,
+        );
+    }
+    // SAFETY: `msg` and everything it points to (iov, byte, control) live across the call.
+    let sent = unsafe { libc::sendmsg(socket, &msg, 0) };
+    if sent < 0 { Err(errno()) } else { Ok(()) }
+}

@@ -72,3 +72,4 @@ pub use gate::{Approval, CallOptions, Gate};
 pub use result::{ErrorKind, ToolError, ToolResult};
 pub use sandbox::{NetworkNamespaces, SandboxRun, Supervisor, SupervisorOptions};
 pub use session::{SessionError, Sessions};
+pub use spawn::NamespaceCounts;

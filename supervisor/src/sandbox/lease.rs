@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{ActiveCall, error_chain};
 use crate::cgroup::{CgroupRecycler, CgroupStats, WorkerCgroup};
-use crate::spawn::{PendingSpawn, SpawnError, Spawned};
+use crate::spawn::{LentNamespace, PendingSpawn, SpawnError, Spawned};
 use crate::sys;
 use crate::template::RootTemplate;
 
@@ -24,6 +24,9 @@ pub(super) struct WorkerLease {
     pub(super) cgroup: Option<WorkerCgroup>,
     /// Where the cgroup goes once the worker is reaped (it decides whether to keep it).
     pub(super) recycler: Arc<CgroupRecycler>,
+    /// The recycled network namespace lent to the worker: back on the shelf once the
+    /// worker is reaped, dropped on every other path.
+    pub(super) network: Option<LentNamespace>,
     /// The template the worker was cloned from: its spawner thread must outlive the
     /// worker, whose parent-death signal follows that thread.
     pub(super) _template: Option<Arc<RootTemplate>>,
@@ -60,13 +63,17 @@ impl WorkerLease {
             spawning.abandon(move || recycle_or_remove(&recycler, cgroup));
             return;
         }
-        if let Some(pidfd) = self.pidfd.take()
-            && matches!(sys::try_reap_pidfd(&pidfd), Ok(None))
+        let pidfd = self.pidfd.take();
+        if let Some(running) = &pidfd
+            && matches!(sys::try_reap_pidfd(running), Ok(None))
         {
             tracing::warn!("worker still not reaped after SIGKILL; reaping in the background");
             let cgroup = self.cgroup.take();
-            crate::spawn::clean_up_in_background(Some(pidfd), move || remove_cgroup(cgroup));
+            crate::spawn::clean_up_in_background(pidfd, move || remove_cgroup(cgroup));
             return;
+        }
+        if let Some(network) = self.network.take() {
+            network.give_back(pidfd.as_ref());
         }
         recycle_or_remove(&self.recycler, self.cgroup.take());
     }

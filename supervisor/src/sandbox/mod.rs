@@ -81,8 +81,10 @@ pub const DEFAULT_STOP_GRACE: std::time::Duration = std::time::Duration::from_mi
 /// The network namespace strategy for `network = "none"` profiles.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum NetworkNamespaces {
-    /// A fresh one per worker, always: concurrent calls share no network state. A pooled
-    /// worker's is made while it waits in the pool, off the call's path.
+    /// One of its own per worker, always: concurrent calls share no network state. For
+    /// `"none"` profiles that require seccomp, a root supervisor lends each worker an
+    /// empty namespace of an earlier, reaped worker in which nothing is left (see
+    /// docs/policy.md#network); everything else gets a fresh one from clone.
     #[default]
     PerWorker,
     /// Weaker, for a faster cold path: one empty network namespace, made by the supervisor
@@ -284,6 +286,12 @@ impl Supervisor {
         self.active.load(Ordering::SeqCst)
     }
 
+    /// How many recycled network namespaces were made, reused, and dropped because
+    /// something was left in them.
+    pub fn network_namespace_counts(&self) -> crate::spawn::NamespaceCounts {
+        self.spawner.network_namespace_counts()
+    }
+
     /// The network namespace a worker of `profile` gets (see [`NetworkNamespaces`]).
     fn worker_network(&self, profile: &CompiledProfile) -> WorkerNetwork {
         use airlock_protocol::{NetworkMode, Requirement};
@@ -297,6 +305,11 @@ impl Supervisor {
                     && spec.seccomp.requirement == Requirement::Required =>
             {
                 WorkerNetwork::Shared
+            }
+            // The filter refuses every socket but AF_UNIX, so unix sockets are all such a
+            // worker can leave in a namespace: one it may have after an earlier worker.
+            NetworkMode::None if spec.seccomp.requirement == Requirement::Required => {
+                WorkerNetwork::Recycled
             }
             NetworkMode::None | NetworkMode::Loopback | NetworkMode::NoneShared => {
                 WorkerNetwork::Fresh

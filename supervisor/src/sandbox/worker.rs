@@ -151,6 +151,7 @@ impl Supervisor {
             spawning: None,
             cgroup: None,
             recycler: Arc::clone(&self.cgroup_spares),
+            network: None,
             _template: template.cloned(),
         };
         // A call given up already (a deadline of 0, a cancellation before the start) makes
@@ -312,6 +313,7 @@ impl Supervisor {
         };
         // From here the lease owns the worker: dropping this future kills and reaps it.
         lease.pidfd = spawned.child.into_pidfd();
+        lease.network = spawned.network;
         let spawn_started = Instant::now();
         let exec = crate::spawn::await_exec(spawned.exec_report);
         tokio::pin!(exec);

@@ -16,9 +16,11 @@ use std::os::fd::OwnedFd;
 use crate::sys::{self, CHILD_STEPS};
 
 mod image;
+mod netns;
 mod spawner;
 
 pub use image::WorkerImage;
+pub use netns::{LentNamespace, NamespaceCounts};
 pub use spawner::{Spawner, TemplateSpawner};
 
 /// Why a worker could not be started.
@@ -138,6 +140,11 @@ pub struct SpawnRequest {
 pub enum WorkerNetwork {
     /// A fresh one of its own, created and torn down with the worker (the costliest).
     Fresh,
+    /// An empty one of its own, made by the supervisor and lent to one worker at a time:
+    /// an earlier worker's, once that one is reaped and nothing of it is left (see
+    /// `netns`). Only for workers that can open no socket but AF_UNIX and hold no
+    /// capability over it; a fresh one where the supervisor cannot make namespaces.
+    Recycled,
     /// The one empty namespace the supervisor shares between workers, if it made one
     /// ([`Spawner::shares_network_namespace`]).
     Shared,
@@ -157,6 +164,9 @@ pub struct Spawned {
     /// so the next clone need not wait for this child's cgroup join (on v1 possibly an RCU
     /// grace period) and exec.
     pub exec_report: OwnedFd,
+    /// The recycled network namespace the worker was cloned into, to give back once it is
+    /// reaped.
+    pub network: Option<LentNamespace>,
 }
 
 /// A worker process of ours that nobody has taken charge of yet. If it is dropped while it
@@ -395,6 +405,7 @@ mod tests {
             },
             socket: socket.into(),
             exec_report,
+            network: None,
         };
         assert!(reply.send(Ok(spawned)).is_ok());
         let worker_still_there = cleaned_up.recv_timeout(HANG_GUARD).unwrap();

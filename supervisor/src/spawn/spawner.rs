@@ -7,9 +7,10 @@ use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;
 
+use super::netns::{LentNamespace, NamespaceShelf};
 use super::{
-    ChildProcess, IdMapping, PendingSpawn, Reply, SpawnError, SpawnInFlight, SpawnRequest, Spawned,
-    WorkerImage, WorkerNetwork,
+    ChildProcess, IdMapping, NamespaceCounts, PendingSpawn, Reply, SpawnError, SpawnInFlight,
+    SpawnRequest, Spawned, WorkerImage, WorkerNetwork,
 };
 use crate::sys::{self, ChildMemory, ChildStack, InFlightChild};
 
@@ -32,6 +33,7 @@ struct SpawnerThreads {
     shared_network: Option<SpawnerThread>,
     /// What a template's spawner thread needs too.
     image: std::sync::Arc<WorkerImage>,
+    shelf: std::sync::Arc<NamespaceShelf>,
     mapping: IdMapping,
     extra_args: std::sync::Arc<Vec<String>>,
 }
@@ -94,6 +96,7 @@ impl SpawnerThread {
         mapping: IdMapping,
         extra_args: std::sync::Arc<Vec<String>>,
         namespaces: ThreadNamespaces,
+        shelf: std::sync::Arc<NamespaceShelf>,
     ) -> Result<Self, SpawnError> {
         let (requests, receiver) = mpsc::channel::<(SpawnRequest, Reply, SpawnInFlight)>();
         let (started, is_started) = mpsc::sync_channel::<io::Result<()>>(1);
@@ -124,6 +127,13 @@ impl SpawnerThread {
                         return;
                     }
                 };
+                let mut network = ThreadNetwork {
+                    // Without it the thread cannot come back from a recycled namespace, so
+                    // it never enters one.
+                    home: sys::open_thread_network_namespace(&proc_dir).ok(),
+                    away: false,
+                    shelf,
+                };
                 let mut children = ChildrenInFlight::default();
                 loop {
                     // While children are between clone and exec, wake up now and then to
@@ -149,6 +159,7 @@ impl SpawnerThread {
                                 &proc_dir,
                                 request,
                                 &mut children,
+                                &mut network,
                             );
                             // If the caller gave up while we were spawning, the reply is
                             // dropped here and its ChildProcess kills and reaps the worker
@@ -216,12 +227,14 @@ impl Spawner {
     ) -> Result<Self, SpawnError> {
         let image = std::sync::Arc::new(image);
         let extra_args = std::sync::Arc::new(extra_args);
+        let shelf = std::sync::Arc::new(NamespaceShelf::default());
         let own = SpawnerThread::start(
             "airlock-spawner",
             std::sync::Arc::clone(&image),
             mapping,
             std::sync::Arc::clone(&extra_args),
             ThreadNamespaces::Own,
+            std::sync::Arc::clone(&shelf),
         )?;
         let shared_network = if share_network_namespace {
             match SpawnerThread::start(
@@ -230,6 +243,7 @@ impl Spawner {
                 mapping,
                 std::sync::Arc::clone(&extra_args),
                 ThreadNamespaces::NewNetwork,
+                std::sync::Arc::clone(&shelf),
             ) {
                 Ok(thread) => Some(thread),
                 Err(error) => {
@@ -245,6 +259,7 @@ impl Spawner {
                 own,
                 shared_network,
                 image,
+                shelf,
                 mapping,
                 extra_args,
             }),
@@ -277,6 +292,7 @@ impl Spawner {
                 holder,
                 network: network == WorkerNetwork::Shared,
             },
+            std::sync::Arc::clone(&inner.shelf),
         )?;
         Ok(TemplateSpawner { thread })
     }
@@ -296,8 +312,71 @@ impl Spawner {
                     source: io::Error::from(io::ErrorKind::Unsupported),
                 }),
             },
-            WorkerNetwork::Fresh | WorkerNetwork::Host => self.inner.own.submit(request),
+            WorkerNetwork::Fresh | WorkerNetwork::Recycled | WorkerNetwork::Host => {
+                self.inner.own.submit(request)
+            }
         }
+    }
+
+    /// What the shelf of recycled network namespaces did so far.
+    pub fn network_namespace_counts(&self) -> NamespaceCounts {
+        self.inner.shelf.counts()
+    }
+}
+
+/// The network namespace a spawner thread is in, between clones.
+#[derive(Debug)]
+struct ThreadNetwork {
+    /// The one it started in (the supervisor's, or a template's shared one).
+    home: Option<OwnedFd>,
+    /// Whether it may have left `home` (for a recycled namespace).
+    away: bool,
+    shelf: std::sync::Arc<NamespaceShelf>,
+}
+
+impl ThreadNetwork {
+    /// Puts the thread where a worker of `network` must be cloned from. Returns whether
+    /// clone must make a fresh namespace, and the recycled namespace lent to the worker.
+    fn prepare(
+        &mut self,
+        network: WorkerNetwork,
+        proc_dir: &OwnedFd,
+    ) -> Result<(bool, Option<LentNamespace>), SpawnError> {
+        match network {
+            WorkerNetwork::Fresh => Ok((true, None)),
+            WorkerNetwork::Recycled if self.home.is_some() => {
+                self.away = true;
+                // Cloned without CLONE_NEWNET only into a namespace entered just now for
+                // this worker; on any failure a fresh one.
+                Ok(match self.shelf.enter_one(proc_dir) {
+                    Some(lent) => (false, Some(lent)),
+                    None => (true, None),
+                })
+            }
+            WorkerNetwork::Recycled => Ok((true, None)),
+            WorkerNetwork::Host | WorkerNetwork::Shared => {
+                self.go_home()?;
+                Ok((false, None))
+            }
+        }
+    }
+
+    /// Back to the namespace the thread started in, where it makes the sockets and pipes
+    /// of the next worker (a socket belongs to the namespace it was made in: one made in
+    /// a recycled namespace would be listed there, and stop its reuse).
+    fn go_home(&mut self) -> Result<(), SpawnError> {
+        if self.away {
+            let home = self.home.as_ref().ok_or(SpawnError::Parent {
+                operation: "return to the spawner thread's network namespace",
+                source: io::Error::from(io::ErrorKind::NotFound),
+            })?;
+            sys::enter_network_namespace(home).map_err(|source| SpawnError::Parent {
+                operation: "return to the spawner thread's network namespace",
+                source,
+            })?;
+            self.away = false;
+        }
+        Ok(())
     }
 }
 
@@ -363,8 +442,10 @@ fn spawn_worker(
     proc_dir: &OwnedFd,
     request: SpawnRequest,
     children: &mut ChildrenInFlight,
+    network: &mut ThreadNetwork,
 ) -> Result<Spawned, SpawnError> {
     let parent = |operation| move |source| SpawnError::Parent { operation, source };
+    network.go_home()?;
     let (supervisor_end, worker_end) =
         sys::stream_socketpair().map_err(parent("create the protocol socketpair"))?;
     let (maps_read, maps_write) =
@@ -405,13 +486,16 @@ fn spawn_worker(
         .stack()
         .map_err(parent("map a stack for the worker's child"))?;
     let clone_started = std::time::Instant::now();
-    let (cloned, in_flight) = sys::clone_worker(
+    let (new_network, lent_network) = network.prepare(request.network, proc_dir)?;
+    let cloned = sys::clone_worker(
         memory,
         stack,
         request.cgroup_dir.as_ref().map(AsRawFd::as_raw_fd),
-        request.network == WorkerNetwork::Fresh,
-    )
-    .map_err(|source| SpawnError::Clone { source })?;
+        new_network,
+    );
+    // Checked again before the next spawn makes anything.
+    let _ = network.go_home();
+    let (cloned, in_flight) = cloned.map_err(|source| SpawnError::Clone { source })?;
     children.running.push(in_flight);
     let pid = cloned.pid;
     let child = ChildProcess {
@@ -439,5 +523,6 @@ fn spawn_worker(
         child,
         socket: supervisor_end,
         exec_report: report_read,
+        network: lent_network,
     })
 }

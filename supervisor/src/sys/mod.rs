@@ -2,11 +2,15 @@
 //! ([`clone`]), pidfds. Every `unsafe` block of the supervisor is here, with its invariant.
 
 mod clone;
+mod netns;
 mod notify;
 
 pub use clone::{
     CHILD_STEPS, ChildMemory, ChildStack, InFlightChild, block_all_signals_in_this_thread,
     clone_worker,
+};
+pub use netns::{
+    enter_network_namespace, open_thread_network_namespace, thread_network_has_unix_sockets,
 };
 pub use notify::{
     ListenerState, Notification, continue_notification, is_seccomp_listener, notification_valid,
@@ -182,6 +186,27 @@ pub fn signal_pidfd(pidfd: &OwnedFd, signal: libc::c_int) -> io::Result<()> {
         // ESRCH: already exited; that is what we wanted.
         Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
         other => other.map(drop),
+    }
+}
+
+/// Whether the process behind `pidfd` has been reaped: the kernel no longer finds it
+/// (a zombie is still found).
+pub fn pidfd_process_is_reaped(pidfd: &OwnedFd) -> io::Result<bool> {
+    // SAFETY: pidfd_send_signal with signal 0 and a NULL siginfo reads no memory and
+    // sends nothing; it only looks the process up.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    match check(ret) {
+        Ok(_) => Ok(false),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(true),
+        Err(e) => Err(e),
     }
 }
 
