@@ -89,7 +89,14 @@ pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
             crate::reload::watch_signals(&args.policy, &gate, &supervisor, pool, &stop)?;
         tracing::info!(policy = %args.policy.display(), "airlock MCP server on stdio");
         let (input, output) = stdio();
-        let served = airlock::mcp::serve(gate, config, input, output, reloads, stop).await;
+        // On a worker thread, as the daemon's connections are: run by `block_on`, the
+        // server would be woken on this thread from a worker's event loop for every message
+        // (a futex wake and a thread switch each way).
+        let served = tokio::spawn(airlock::mcp::serve(
+            gate, config, input, output, reloads, stop,
+        ))
+        .await
+        .unwrap_or_else(|e| Err(airlock::mcp::McpError::Task(e.to_string())));
         signals.abort();
         supervisor.close().await;
         anyhow::Ok(served)

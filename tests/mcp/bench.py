@@ -3,6 +3,7 @@
 socket, one call at a time, both with a pool of 2, runs interleaved; prints p50 and p90.
 
     python3 tests/mcp/bench.py [CALLS] [ORDER...]   # default 1000, mcp daemon mcp daemon
+                                                    # (also: daemon-session)
 
 Uses AIRLOCK_BIN, else target/release/airlock (build it with `cargo build --release`).
 Run as root, as the sandboxes need here. Standard library only.
@@ -64,7 +65,7 @@ def mcp(policy, calls):
     return times
 
 
-def daemon(policy, calls):
+def daemon(policy, calls, session=None):
     path = os.path.join(os.path.dirname(policy), "airlock.sock")
     proc = subprocess.Popen([AIRLOCK, "serve", "--policy", policy, "--socket", path, "--pool", "2"])
     while not os.path.exists(path):
@@ -75,7 +76,10 @@ def daemon(policy, calls):
     times = []
     for i in range(calls + WARMUP):
         start = time.perf_counter()
-        stream.write((json.dumps({"id": i, "op": "call", "tool": "read_file", "arguments": ARGS}) + "\n").encode())
+        request = {"id": i, "op": "call", "tool": "read_file", "arguments": ARGS}
+        if session:
+            request["session"] = session
+        stream.write((json.dumps(request) + "\n").encode())
         stream.flush()
         answer = json.loads(stream.readline())
         elapsed = time.perf_counter() - start
@@ -91,13 +95,19 @@ def daemon(policy, calls):
 def main():
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
     order = sys.argv[2:] or ["mcp", "daemon", "mcp", "daemon"]
-    results = {"mcp": [], "daemon": []}
+    results = {"mcp": [], "daemon": [], "daemon-session": []}
     with tempfile.TemporaryDirectory(prefix="airlock-mcp-bench-") as scratch:
         policy = os.path.join(scratch, "policy.toml")
         with open(policy, "w") as f:
             f.write(POLICY)
         for name in order:
-            results[name] += (mcp if name == "mcp" else daemon)(policy, calls)
+            if name == "mcp":
+                results[name] += mcp(policy, calls)
+            elif name == "daemon-session":
+                # What a gateway session label alone costs (MCP calls carry one).
+                results[name] += daemon(policy, calls, session="bench")
+            else:
+                results[name] += daemon(policy, calls)
     for name, times in results.items():
         if times:
             times.sort()

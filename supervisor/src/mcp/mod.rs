@@ -78,6 +78,9 @@ pub enum McpError {
     /// Reading the client's messages failed.
     #[error("cannot read the client's messages")]
     Read(#[source] std::io::Error),
+    /// The server's task ended without an answer (it panicked or was aborted).
+    #[error("the MCP server's task ended abnormally: {0}")]
+    Task(String),
 }
 
 /// What `initialize` told us of the client.
