@@ -85,3 +85,16 @@ pub(super) fn install_allow_all_seccomp_filter() -> io::Result<()> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// In a fresh user and uts namespace, names the host as every worker does; a runtime's
+/// seccomp profile may refuse sethostname without CAP_SYS_ADMIN in its own namespace.
+pub(super) fn set_hostname_in_new_uts() -> io::Result<()> {
+    unshare_namespaces(libc::CLONE_NEWUSER | libc::CLONE_NEWUTS)?;
+    let name = b"airlock";
+    // SAFETY: `name` is a static byte string of the given length; the kernel copies it.
+    if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
