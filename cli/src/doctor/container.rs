@@ -86,9 +86,7 @@ pub(super) fn gather() -> ContainerFacts {
             .and_then(|n| n.parse().ok())
             .unwrap_or_else(|| u32::from(field("Seccomp").as_deref() == Some("2"))),
         no_new_privs: field("NoNewPrivs").as_deref() == Some("1"),
-        userns_errno: errno(run_probe_child(|| {
-            unshare_namespaces(libc::CLONE_NEWUSER)
-        })),
+        userns_errno: errno(run_probe_child(|| unshare_namespaces(libc::CLONE_NEWUSER))),
         hostname_errno: errno(run_probe_child(set_hostname_in_new_uts)),
     }
 }
@@ -224,7 +222,10 @@ fn cgroup_v2_only(self_cgroup: &str) -> bool {
 
 const UNMASK_PROC: [(Runtime, &str); 4] = [
     (Runtime::Podman, "podman run --security-opt unmask=/proc/*"),
-    (Runtime::Docker, "docker run --security-opt systempaths=unconfined"),
+    (
+        Runtime::Docker,
+        "docker run --security-opt systempaths=unconfined",
+    ),
     (
         Runtime::Kubernetes,
         "securityContext.procMount: Unmasked (with hostUsers: false)",
@@ -324,7 +325,11 @@ pub(super) fn classify(facts: &ContainerFacts) -> Vec<Check> {
         Check::ok(
             "container",
             "container",
-            format!("in a container ({}): {}{nnp}", runtime.name(), evidence.join(", ")),
+            format!(
+                "in a container ({}): {}{nnp}",
+                runtime.name(),
+                evidence.join(", ")
+            ),
         )
         .with_facts(json!({
             "in_container": true,
@@ -416,8 +421,12 @@ fn proc_check(covers: &[String], runtime: Option<Runtime>) -> Check {
     const TITLE: &str = "fully visible /proc";
     let facts = json!({ "covered": covers });
     if covers.is_empty() {
-        return Check::ok("proc.visible", TITLE, "nothing is mounted over /proc's entries")
-            .with_facts(facts);
+        return Check::ok(
+            "proc.visible",
+            TITLE,
+            "nothing is mounted over /proc's entries",
+        )
+        .with_facts(facts);
     }
     let shown: Vec<&str> = covers.iter().take(4).map(String::as_str).collect();
     let more = covers.len().saturating_sub(shown.len());
@@ -438,7 +447,15 @@ fn proc_check(covers: &[String], runtime: Option<Runtime>) -> Check {
              ProtectKernelLogs, ProtectProc and ProcSubset from the unit)"
         }
     };
-    Check::problem("proc.visible", TITLE, Status::Fail, detail, PROC_BREAKS, fix).with_facts(facts)
+    Check::problem(
+        "proc.visible",
+        TITLE,
+        Status::Fail,
+        detail,
+        PROC_BREAKS,
+        fix,
+    )
+    .with_facts(facts)
 }
 
 #[cfg(test)]

@@ -76,7 +76,10 @@ fn podman_defaults_name_the_unmask_the_cgroup_bind_and_the_seccomp_setting() {
     let checks = classify(&podman_default());
     let container = check(&checks, "container");
     assert!(container.detail.contains("podman"), "{container:?}");
-    assert!(container.detail.contains("/run/.containerenv"), "{container:?}");
+    assert!(
+        container.detail.contains("/run/.containerenv"),
+        "{container:?}"
+    );
     assert!(container.detail.contains("overlay root"), "{container:?}");
 
     let proc = check(&checks, "proc.visible");
@@ -87,7 +90,10 @@ fn podman_defaults_name_the_unmask_the_cgroup_bind_and_the_seccomp_setting() {
     let cgroup = check(&checks, "container.cgroup");
     assert_eq!(cgroup.status, Status::Fail);
     // This host is v1 (hybrid): the v2-only unmask would not help.
-    assert!(fix(cgroup).contains("-v /sys/fs/cgroup:/sys/fs/cgroup:rw"), "{cgroup:?}");
+    assert!(
+        fix(cgroup).contains("-v /sys/fs/cgroup:/sys/fs/cgroup:rw"),
+        "{cgroup:?}"
+    );
 
     let seccomp = check(&checks, "container.seccomp");
     assert_eq!(seccomp.status, Status::Fail);
@@ -108,7 +114,11 @@ fn podman_with_the_documented_settings_passes_every_container_check() {
     for c in &checks {
         assert_eq!(c.status, Status::Ok, "{c:?}");
     }
-    assert!(check(&checks, "container").detail.contains("no_new_privs is set"));
+    assert!(
+        check(&checks, "container")
+            .detail
+            .contains("no_new_privs is set")
+    );
 }
 
 #[test]
@@ -157,8 +167,7 @@ fn docker_refusing_user_namespaces_is_blamed_on_its_seccomp_and_apparmor_profile
 fn a_pod_is_told_the_kubernetes_fields() {
     let facts = ContainerFacts {
         kubernetes: true,
-        self_cgroup: "0::/kubepods.slice/kubepods-burstable.slice/cri-containerd-1.scope\n"
-            .into(),
+        self_cgroup: "0::/kubepods.slice/kubepods-burstable.slice/cri-containerd-1.scope\n".into(),
         mountinfo: PODMAN_DEFAULT_MOUNTINFO.into(),
         seccomp_filters: 1,
         hostname_errno: Some(libc::EPERM),
@@ -174,9 +183,7 @@ fn a_pod_is_told_the_kubernetes_fields() {
 #[test]
 fn a_masked_proc_outside_a_container_names_systemds_settings() {
     let facts = ContainerFacts {
-        mountinfo: format!(
-            "{HOST_MOUNTINFO}26 24 0:22 /sys /proc/sys ro,nosuid - proc proc rw\n"
-        ),
+        mountinfo: format!("{HOST_MOUNTINFO}26 24 0:22 /sys /proc/sys ro,nosuid - proc proc rw\n"),
         ..ContainerFacts::default()
     };
     let checks = classify(&facts);
@@ -190,7 +197,10 @@ fn mountinfo_octal_escapes_are_decoded_and_garbage_lines_are_skipped() {
     let text = "garbage\n1 2 0:1 / /proc/a\\040b rw - tmpfs tmpfs rw\n3 4 0:1 / /x rw\n";
     assert_eq!(proc_covers(text), vec!["/proc/a b".to_string()]);
     assert_eq!(unescape_octal("a\\134b\\04"), "a\\b\\04");
-    assert_eq!(cgroup_read_only("1 2 0:1 / /proc rw - proc proc rw\n"), None);
+    assert_eq!(
+        cgroup_read_only("1 2 0:1 / /proc rw - proc proc rw\n"),
+        None
+    );
 }
 
 #[test]

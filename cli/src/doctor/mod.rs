@@ -184,7 +184,10 @@ fn container_settings(checks: &[Check]) -> String {
     if fixes.is_empty() {
         String::new()
     } else {
-        format!("\nmissing container settings:\n  - {}", fixes.join("\n  - "))
+        format!(
+            "\nmissing container settings:\n  - {}",
+            fixes.join("\n  - ")
+        )
     }
 }
 
