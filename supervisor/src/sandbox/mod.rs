@@ -14,6 +14,7 @@
 mod call;
 mod deadline;
 mod egress;
+mod hints;
 mod lease;
 mod outcome;
 mod warm;
