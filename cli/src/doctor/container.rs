@@ -10,7 +10,9 @@ use std::io;
 
 use serde_json::json;
 
-use super::probe::{run_probe_child, set_hostname_in_new_uts, unshare_namespaces};
+use super::probe::{
+    mount_in_new_namespace, run_probe_child, set_hostname_in_new_uts, unshare_namespaces,
+};
 use super::{Check, Status};
 
 /// What doctor saw of its surroundings; everything [`classify`] looks at.
@@ -37,6 +39,11 @@ pub(super) struct ContainerFacts {
     /// sethostname in a fresh user and uts namespace: `None` worked, else the errno. Every
     /// worker names its host, and runtimes' seccomp profiles refuse it.
     pub hostname_errno: Option<i32>,
+    /// A tmpfs mounted in a fresh user and mount namespace: `None` worked, else the errno.
+    /// AppArmor profiles of runtimes deny mount.
+    pub mount_errno: Option<i32>,
+    /// This process's AppArmor profile (`docker-default (enforce)`), if AppArmor says.
+    pub apparmor: Option<String>,
 }
 
 /// The runtime a container belongs to, as far as its markers tell.
@@ -88,6 +95,12 @@ pub(super) fn gather() -> ContainerFacts {
         no_new_privs: field("NoNewPrivs").as_deref() == Some("1"),
         userns_errno: errno(run_probe_child(|| unshare_namespaces(libc::CLONE_NEWUSER))),
         hostname_errno: errno(run_probe_child(set_hostname_in_new_uts)),
+        mount_errno: errno(run_probe_child(mount_in_new_namespace)),
+        // The AppArmor-only file (Linux 5.8+): /proc/self/attr/current may be SELinux's.
+        apparmor: std::fs::read_to_string("/proc/self/attr/apparmor/current")
+            .ok()
+            .map(|text| text.trim_end_matches(['\0', '\n']).trim().to_string())
+            .filter(|text| !text.is_empty()),
     }
 }
 
@@ -414,7 +427,56 @@ pub(super) fn classify(facts: &ContainerFacts) -> Vec<Check> {
             format!("{filtered}, a fresh user namespace can name its host"),
         ),
     });
+    checks.push(mount_check(facts, runtime));
     checks
+}
+
+fn apparmor_fix(runtime: Runtime) -> &'static str {
+    match runtime {
+        Runtime::Podman => "podman run --security-opt apparmor=unconfined",
+        Runtime::Docker => "docker run --security-opt apparmor=unconfined",
+        Runtime::Kubernetes => "securityContext.appArmorProfile.type: Unconfined",
+        Runtime::Other => "run the container without an AppArmor or SELinux policy denying mount",
+    }
+}
+
+/// Whether a fresh user and mount namespace can mount, as every worker's root is built.
+fn mount_check(facts: &ContainerFacts, runtime: Runtime) -> Check {
+    const TITLE: &str = "container mounts";
+    let profile = facts.apparmor.as_deref().map_or_else(
+        || "no AppArmor profile".to_string(),
+        |p| format!("AppArmor profile {p}"),
+    );
+    let facts_json = json!({ "apparmor": facts.apparmor, "mount_errno": facts.mount_errno });
+    let breaks = "every sandbox: each worker builds its root from mounts in its own mount \
+                  namespace";
+    match (facts.userns_errno, facts.mount_errno) {
+        (Some(_), _) => Check::problem(
+            "container.mount",
+            TITLE,
+            Status::Warn,
+            format!("{profile}; not probed: no user namespace (see container seccomp)"),
+            breaks,
+            apparmor_fix(runtime),
+        ),
+        (None, Some(errno)) => Check::problem(
+            "container.mount",
+            TITLE,
+            Status::Fail,
+            format!(
+                "{profile}; mounting a tmpfs in a fresh user and mount namespace fails ({})",
+                io::Error::from_raw_os_error(errno)
+            ),
+            breaks,
+            apparmor_fix(runtime),
+        ),
+        (None, None) => Check::ok(
+            "container.mount",
+            TITLE,
+            format!("{profile}; a fresh user and mount namespace can mount"),
+        ),
+    }
+    .with_facts(facts_json)
 }
 
 fn proc_check(covers: &[String], runtime: Option<Runtime>) -> Check {

@@ -153,6 +153,7 @@ fn docker_refusing_user_namespaces_is_blamed_on_its_seccomp_and_apparmor_profile
     };
     let checks = classify(&facts);
     assert!(check(&checks, "container").detail.contains("(docker)"));
+    assert_eq!(check(&checks, "container.mount").status, Status::Warn);
     let seccomp = check(&checks, "container.seccomp");
     assert_eq!(seccomp.status, Status::Fail);
     assert!(seccomp.detail.contains("user namespace"), "{seccomp:?}");
@@ -213,4 +214,23 @@ fn a_cgroup_without_a_container_marker_is_not_mistaken_for_one() {
     assert!(cgroup_v2_only(&facts.self_cgroup));
     assert!(!cgroup_v2_only(LIBPOD_CGROUP));
     assert!(!cgroup_v2_only(""));
+}
+
+#[test]
+fn an_apparmor_profile_denying_mount_is_named_with_its_setting() {
+    let facts = ContainerFacts {
+        dockerenv: true,
+        mountinfo: PODMAN_SETTINGS_MOUNTINFO.into(),
+        mount_errno: Some(libc::EACCES),
+        apparmor: Some("docker-default (enforce)".into()),
+        ..ContainerFacts::default()
+    };
+    let checks = classify(&facts);
+    let mount = check(&checks, "container.mount");
+    assert_eq!(mount.status, Status::Fail);
+    assert!(
+        mount.detail.contains("docker-default (enforce)"),
+        "{mount:?}"
+    );
+    assert_eq!(fix(mount), "docker run --security-opt apparmor=unconfined");
 }
