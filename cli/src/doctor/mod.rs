@@ -2,11 +2,14 @@
 //! namespaces (and the sysctls and AppArmor switch that restrict them), Landlock, seccomp,
 //! cgroups — says for each missing piece what it breaks and how to fix it, and ends with a
 //! real sandbox in the default profile, whose success alone decides the exit status.
+//! Inside a container it also names the container's settings that keep sandboxes from
+//! working (`container`).
 //!
 //! Probes that change the calling process (unshare, a seccomp filter) run in a forked child
 //! that exits right after, so the doctor itself stays unconfined.
 
 mod cgroup;
+mod container;
 mod host;
 mod landlock;
 mod probe;
@@ -123,6 +126,7 @@ pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     checks.extend(check_seccomp());
     let (cgroup_checks, parent) = check_cgroups();
     checks.extend(cgroup_checks);
+    checks.extend(container::classify(&container::gather()));
     let sandbox = check_default_sandbox(parent.clone());
     let ok = sandbox.status == Status::Ok;
     checks.push(sandbox);
@@ -150,6 +154,7 @@ pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
             failed.join(", ")
         ),
     };
+    let summary = summary + &container_settings(&checks);
     let report = Report {
         ok,
         summary,
@@ -165,6 +170,25 @@ pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The runtime settings the failed container checks name, as one sentence to append to
+/// the summary (empty when none failed): the first thing to change in a container.
+fn container_settings(checks: &[Check]) -> String {
+    let fixes: Vec<&str> = checks
+        .iter()
+        .filter(|c| c.status == Status::Fail)
+        .filter(|c| c.id.starts_with("container.") || c.id == "proc.visible")
+        .filter_map(|c| c.fix.as_deref())
+        .collect();
+    if fixes.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\nmissing container settings:\n  - {}",
+            fixes.join("\n  - ")
+        )
+    }
 }
 
 /// One line per check; the breaks and fix hints of a problem indented beneath it.

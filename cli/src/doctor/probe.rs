@@ -85,3 +85,54 @@ pub(super) fn install_allow_all_seccomp_filter() -> io::Result<()> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// In a fresh user and uts namespace, names the host as every worker does; a runtime's
+/// seccomp profile may refuse sethostname without CAP_SYS_ADMIN in its own namespace.
+pub(super) fn set_hostname_in_new_uts() -> io::Result<()> {
+    unshare_namespaces(libc::CLONE_NEWUSER | libc::CLONE_NEWUTS)?;
+    let name = b"airlock";
+    // SAFETY: `name` is a static byte string of the given length; the kernel copies it.
+    if unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// In a fresh user and mount namespace, makes every mount private and mounts a tmpfs over
+/// `/`, as every worker mounts its root: an AppArmor profile that denies mount (Docker's
+/// `docker-default`) refuses it. Only raw syscalls on static strings: it runs after fork.
+pub(super) fn mount_in_new_namespace() -> io::Result<()> {
+    unshare_namespaces(libc::CLONE_NEWUSER | libc::CLONE_NEWNS)?;
+    let root = c"/";
+    // SAFETY: the strings are static and NUL-terminated; the null pointers are the source,
+    // type and data mount(2) accepts as absent for a propagation change.
+    let ret = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            root.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let tmpfs = c"tmpfs";
+    // SAFETY: as above; the tmpfs gets no data (its defaults).
+    let ret = unsafe {
+        libc::mount(
+            tmpfs.as_ptr(),
+            root.as_ptr(),
+            tmpfs.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -21,6 +21,7 @@ use prometheus_client::registry::Registry;
 use super::Shared;
 use crate::pool::PoolStats;
 use crate::result::ToolResult;
+use crate::sandbox::SpawnObserver;
 
 /// The tool label of a call whose tool the policy in force does not have.
 pub(super) const UNKNOWN_TOOL: &str = "(unknown)";
@@ -293,15 +294,14 @@ impl Metrics {
         self.run.get_or_create(&labels).observe(took.as_secs_f64());
     }
 
-    /// A call's wait for its worker, taken from a pool or not. Nothing measures this yet
-    /// (the supervisor logs it, `until_exec_us`, but does not return it), so the family
-    /// has no series until a caller passes it here.
-    #[allow(dead_code)]
-    pub(super) fn observe_spawn(&self, pooled: bool, took: Duration) {
-        let labels = [("pool", if pooled { "hit" } else { "miss" }.to_string())];
-        self.spawn
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
+    /// What the supervisor tells of each call's wait for its worker, taken from a pool
+    /// (`hit`) or made for the call (`miss`).
+    pub(super) fn spawn_observer(&self) -> SpawnObserver {
+        let spawn = self.spawn.clone();
+        Arc::new(move |pooled: bool, took: Duration| {
+            let labels = [("pool", if pooled { "hit" } else { "miss" }.to_string())];
+            spawn.get_or_create(&labels).observe(took.as_secs_f64());
+        })
     }
 
     /// Counts the denials of one call: each line's layer name (`landlock`, `seccomp`, ...)

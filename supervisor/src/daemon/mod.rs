@@ -277,6 +277,11 @@ pub async fn serve(
         metrics: metrics::Metrics::new(),
         warmed: AtomicBool::new(false),
     });
+    // A supervisor the embedding program already observes keeps its observer.
+    shared
+        .gate
+        .supervisor()
+        .observe_spawns(shared.metrics.spawn_observer());
     tracing::info!(socket = %path.display(), "airlock daemon listening");
     let metrics_task = metrics_listener.map(|listener| {
         if let Ok(addr) = listener.local_addr() {

@@ -94,6 +94,7 @@ impl Supervisor {
             pool: &self.pool,
             key: &key,
         });
+        let hit = pooled.is_some();
         let worker = match pooled {
             Some(worker) => Ok(worker),
             None => {
@@ -122,6 +123,9 @@ impl Supervisor {
             elapsed_us = started.elapsed().as_micros() as u64,
             "worker ready"
         );
+        if let (Ok(_), Some(observe)) = (&worker, self.spawn_observer.0.get()) {
+            observe(hit, started.elapsed());
+        }
         let (conversation, lease, channel, evidence) = match worker {
             Ok(worker) => {
                 let (conversation, lease, channel, evidence) = self

@@ -14,6 +14,7 @@
 mod call;
 mod deadline;
 mod egress;
+mod hints;
 mod lease;
 mod outcome;
 mod warm;
@@ -131,7 +132,27 @@ pub struct Supervisor {
     stop_grace: std::time::Duration,
     /// The host uid and gid the sandbox's root maps to.
     sandbox_ids: (u32, u32),
+    /// Told how long each call waited for its worker (`airlock serve`'s metrics).
+    spawn_observer: ObserverSlot,
 }
+
+/// The supervisor's [`SpawnObserver`], once set (a closure has no `Debug` of its own).
+#[derive(Default)]
+struct ObserverSlot(std::sync::OnceLock<SpawnObserver>);
+
+impl std::fmt::Debug for ObserverSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "ObserverSlot(set)"
+        } else {
+            "ObserverSlot(unset)"
+        })
+    }
+}
+
+/// Told, for each call that got a worker, whether the worker came from a pool and how long
+/// the call waited for it: from the call's start to a worker ready for its request.
+pub type SpawnObserver = Arc<dyn Fn(bool, std::time::Duration) + Send + Sync>;
 
 /// Counts a call as active until dropped (however the call ends).
 struct ActiveCall(Arc<std::sync::atomic::AtomicUsize>);
@@ -230,7 +251,14 @@ impl Supervisor {
             egress_limits: options.egress_limits,
             stop_grace: options.stop_grace.unwrap_or(DEFAULT_STOP_GRACE),
             sandbox_ids,
+            spawn_observer: ObserverSlot::default(),
         })
+    }
+
+    /// Sets the one [`SpawnObserver`] of this supervisor; false when one was already set
+    /// (it is kept).
+    pub fn observe_spawns(&self, observer: SpawnObserver) -> bool {
+        self.spawn_observer.0.set(observer).is_ok()
     }
 
     /// The host uid and gid the sandbox's root maps to (what owns a session's files).

@@ -129,8 +129,10 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
             ..ToolError::new(
                 ErrorKind::SandboxUnavailable,
                 format!(
-                    "sandbox set-up failed at {}: {}",
-                    failure.step, failure.message
+                    "sandbox set-up failed at {}: {}{}",
+                    failure.step,
+                    failure.message,
+                    super::hints::setup_hint(&failure.step, &failure.message)
                 ),
             )
         }),

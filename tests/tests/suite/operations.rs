@@ -120,6 +120,10 @@ fn metrics_count_calls_by_tool_and_outcome_after_a_few_calls() {
     // Both echo calls went through the pool's accounting, hit or miss.
     let pooled = value("airlock_pool_hits_total") + value("airlock_pool_misses_total");
     assert!(pooled >= 2.0, "{after}");
+    // Each ran on a worker, pooled or made for it, and its wait for that worker was timed.
+    let spawned = sample(&after, r#"airlock_spawn_seconds_count{pool="hit"}"#).unwrap_or(0.0)
+        + sample(&after, r#"airlock_spawn_seconds_count{pool="miss"}"#).unwrap_or(0.0);
+    assert_eq!(spawned, 2.0, "{after}");
     assert!(value("airlock_connections_total") >= 1.0);
     assert!(value("airlock_daemon_resident_bytes") > 0.0);
     assert!(
