@@ -16,6 +16,7 @@ mod deadline;
 mod egress;
 mod lease;
 mod outcome;
+mod session_workers;
 mod warm;
 mod worker;
 
