@@ -378,14 +378,17 @@ impl Sessions {
         Ok(session)
     }
 
-    /// Puts every call in the session `id` in plan mode (`on`), or leaves it to each call.
+    /// Puts every call in the session `id` in plan mode (`on`), or leaves it to each call
+    /// (`op` names the operation in an error). Calls decided from then on see it; one
+    /// already running finishes. Who may lift a plan mode is the caller's to decide.
     pub fn set_plan_mode(
         &self,
         policy: &SessionPolicy,
+        op: &'static str,
         id: &str,
         on: bool,
     ) -> Result<(), SessionError> {
-        self.get(policy, "session_open", id)?.state().plan_mode = on;
+        self.get(policy, op, id)?.state().plan_mode = on;
         Ok(())
     }
 
