@@ -1,8 +1,9 @@
 //! Pooled workers for sessions: each session keeps one pre-confined worker per profile it
 //! calls, confined with its own workspace, so a call in a session takes a ready worker as a
 //! sessionless call takes a pooled one. Made after a session's first call of a profile
-//! (that call runs cold), replaced whenever a call takes it, and killed when the session
-//! closes or expires. A worker confined for a session only ever serves that session: its
+//! (that call runs cold; not at open, which would let a client that opens and closes
+//! sessions in a loop make the daemon spawn workers for nothing), replaced whenever a call
+//! takes it, and killed when the session closes or expires. A worker confined for a session only ever serves that session: its
 //! pool is keyed by a digest of a spec that names the session's own directory (see
 //! [`crate::Supervisor::keep_session_worker`]).
 //!
