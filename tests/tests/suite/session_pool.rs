@@ -339,3 +339,32 @@ async fn an_expired_session_has_its_worker_killed_at_the_sweep() {
     supervisor.close().await;
     assert_eq!(supervisor.calls_in_flight(), 0);
 }
+
+#[test]
+fn after_a_policy_reload_a_session_keeps_a_worker_of_the_new_policy() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = Daemon::start_with(POLICY, &["--pool", "0", "--pool-max", "4"]);
+    let pid = daemon.child.id();
+    let mut client = Client::connect(&daemon.socket);
+    let s = client.open();
+    assert_eq!(client.sh(&s, "echo kept > f")["ok"], true);
+    wait_until("the session's worker is ready", || client.idle() == 1);
+    let old = workers_of(pid);
+    assert_eq!(old.len(), 1, "{old:?}");
+    // The same profiles under a reloaded policy: the pools it does not name go, the
+    // session's among them.
+    std::fs::write(&daemon.policy, format!("{POLICY}\n# reloaded\n")).unwrap();
+    daemon.signal(libc::SIGHUP);
+    wait_until("the reload ends the session's kept worker", || dead(old[0]));
+    assert_eq!(client.idle(), 0);
+    // The session and its files stay; its next call runs cold and keeps a new worker.
+    let ran = client.sh(&s, "cat f");
+    assert_eq!(stdout(&ran), "kept\n", "{ran}");
+    wait_until("the session keeps a worker again", || client.idle() == 1);
+    let before = client.hits();
+    assert_eq!(stdout(&client.sh(&s, "cat f")), "kept\n");
+    assert_eq!(client.hits(), before + 1);
+}
