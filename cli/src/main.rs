@@ -461,8 +461,8 @@ fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
 fn profiles_in_use(policy: &CompiledPolicy) -> Vec<Arc<CompiledProfile>> {
     let used: std::collections::BTreeSet<&String> =
         policy.tools.values().map(|t| &t.tool.profile).collect();
-    // A profile with a workspace runs every call cold (its session's mount is per call):
-    // a pool of it would never be taken from.
+    // A profile with a workspace is pooled per session (each session's own workers, with
+    // its workspace mounted): a pool of the bare profile would never be taken from.
     used.into_iter()
         .filter_map(|name| policy.profiles.get(name))
         .filter(|p| p.workspace.is_none())
@@ -495,8 +495,14 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
         // Session workspaces live beside the socket, one state directory per daemon.
         let mut state_dir = flags.config.socket.clone().into_os_string();
         state_dir.push(".sessions");
+        // Sessions' pooled workers count against the pool's bound: at most --pool-max of
+        // them, over all sessions (none without a pool).
+        let session_workers = flags.pool.map_or(0, |size| size.max_idle());
         match airlock::Sessions::new(state_dir.as_ref(), supervisor.sandbox_ids(), Arc::new(airlock::gate::SystemClock)) {
-            Ok(sessions) => gate = gate.with_sessions(Arc::new(sessions)),
+            Ok(sessions) => {
+                let sessions = sessions.keep_workers(Arc::clone(&supervisor), session_workers);
+                gate = gate.with_sessions(Arc::new(sessions));
+            }
             Err(e) => tracing::error!(error = %e, "session workspaces unavailable; session ops will be refused"),
         }
         let gate = Arc::new(gate);

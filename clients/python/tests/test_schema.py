@@ -37,6 +37,7 @@ MIRRORS: list[tuple[type[Any], str]] = [
     (T.Stats, "/$defs/answers/properties/stats/properties/result"),
     (T.StateChange, "/$defs/answers/properties/set_state/properties/result"),
     (T.SessionInfo, "/$defs/answers/properties/session_open/properties/result"),
+    (T.SessionSettings, "/$defs/answers/properties/session_set/properties/result"),
     (
         T.Change,
         "/$defs/answers/properties/changes/properties/result/properties/changes/items",

@@ -12,6 +12,7 @@ from airlock_client import (
     Change,
     Client,
     DryRun,
+    Forbidden,
     InvalidRequest,
     SessionInfo,
     SessionLimit,
@@ -150,3 +151,37 @@ async def test_a_sessions_own_tool_state_and_plan_mode(sessions_daemon: Daemon) 
             await narrowed.set_state("word_count", "active")
         with pytest.raises(UnknownTool):
             await client.set_state("nope", "active", session=planning.name)
+
+
+async def test_a_sessions_plan_mode_changes_after_it_opened(sessions_daemon: Daemon) -> None:
+    async with Client.connect(str(sessions_daemon.socket)) as client:
+        async with await client.open_session() as session:
+            settings = await session.set_plan_mode(True)
+            assert (settings.session, settings.plan_mode) == (session.name, True)
+            denied = await session.call("sh", {"script": "touch x"})
+            assert denied.error is not None and denied.error.rule == "plan_mode"
+            # No approver role on this daemon: every allowed peer may lift it.
+            lifted = await client.set_plan_mode(session.name, False)
+            assert lifted.plan_mode is False
+            ran = await session.call("sh", {"script": "touch x"})
+            assert ran.ok, ran
+        with pytest.raises(SessionUnknown):
+            await session.set_plan_mode(True)
+        with pytest.raises(TypeError):
+            await client.set_plan_mode(session.name, "yes")  # type: ignore[arg-type]
+
+
+async def test_only_an_approver_lifts_a_sessions_plan_mode() -> None:
+    daemon = Daemon("--approver-uid", "4242", policy=SESSION_POLICY).start()
+    try:
+        async with Client.connect(str(daemon.socket)) as client:
+            async with await client.open_session() as session:
+                await session.set_plan_mode(True)
+                with pytest.raises(Forbidden):
+                    await session.set_plan_mode(False)
+                still = await client.call(
+                    "sh", {"script": "true"}, session=session.name, dry_run=True
+                )
+                assert isinstance(still, DryRun) and still.decision == "deny"
+    finally:
+        daemon.cleanup()

@@ -32,6 +32,8 @@ import {
   type Request,
   type SessionOpenAnswer,
   type SessionOpenRequest,
+  type SessionSetAnswer,
+  type SessionSetRequest,
   type SetStateAnswer,
   type SetStateRequest,
   type Stats,
@@ -435,6 +437,16 @@ export class AirlockClient {
   /** What differs in a session's workspace from its base (`changes`). */
   async changes(session: string): Promise<Change[]> {
     return (await this.simple<ChangesAnswer>({ op: "changes", session })).changes;
+  }
+
+  /**
+   * Puts every call in an open session in plan mode, or lifts that (`session_set`). Anyone
+   * may put a session in plan mode; lifting it throws `RequestError` (`forbidden`) unless
+   * this peer is one of the daemon's approvers (when it has any).
+   */
+  async setPlanMode(session: string, planMode: boolean): Promise<SessionSetAnswer> {
+    const request: SessionSetRequest = { op: "session_set", session, plan_mode: planMode };
+    return this.simple<SessionSetAnswer>(request);
   }
 
   /** Closes a session and removes its files (`session_close`). */

@@ -311,6 +311,11 @@ export interface SessionCloseAnswer {
   closed: true;
 }
 
+export interface SessionSetAnswer {
+  session: string;
+  plan_mode: boolean;
+}
+
 /** A request the daemon did not take (`{"id", "error"}` instead of `{"id", "result"}`). */
 export interface RequestErrorBody {
   kind:
@@ -427,6 +432,13 @@ export interface SessionRequest {
   session: string;
 }
 
+export interface SessionSetRequest {
+  id?: RequestId;
+  op: "session_set";
+  session: string;
+  plan_mode: boolean;
+}
+
 export type Request =
   | CallRequest
   | ProposeRequest
@@ -439,6 +451,7 @@ export type Request =
   | PutFileRequest
   | GetFileRequest
   | SessionRequest
+  | SessionSetRequest
   | ToolsRequest;
 
 /**
@@ -474,6 +487,7 @@ export const SCHEMA_OF = {
   Change: "/$defs/answers/properties/changes/properties/result/properties/changes/items",
   ChangesAnswer: "/$defs/answers/properties/changes/properties/result",
   SessionCloseAnswer: "/$defs/answers/properties/session_close/properties/result",
+  SessionSetAnswer: "/$defs/answers/properties/session_set/properties/result",
   RequestErrorBody: "/$defs/request_error",
   Answer: "/$defs/answer",
   CallRequest: "/$defs/request/oneOf/0",
@@ -487,7 +501,8 @@ export const SCHEMA_OF = {
   PutFileRequest: "/$defs/request/oneOf/8",
   GetFileRequest: "/$defs/request/oneOf/9",
   SessionRequest: "/$defs/request/oneOf/10",
-  ToolsRequest: "/$defs/request/oneOf/11",
+  SessionSetRequest: "/$defs/request/oneOf/11",
+  ToolsRequest: "/$defs/request/oneOf/12",
   ErrorKind: "/$defs/error_kind",
   ToolState: "/$defs/tool_listing/properties/state",
   SideEffect: "/$defs/tool_listing/properties/side_effect",

@@ -8,6 +8,7 @@ import type {
   DryRunAnswer,
   PutFileAnswer,
   SessionOpenAnswer,
+  SessionSetAnswer,
   SetStateAnswer,
   ToolListing,
   ToolResult,
@@ -20,7 +21,7 @@ export interface SessionOpenOptions {
   base?: string;
   /** The workspace's size limit: bytes, or a size such as `"64MiB"` (default: the policy's). */
   size?: number | string;
-  /** Every call in the session is in plan mode (only read-only tools run); a call cannot lift it. */
+  /** Every call in the session is in plan mode (only read-only tools run); a call cannot lift it (`setPlanMode` can). */
   planMode?: boolean;
 }
 
@@ -91,6 +92,14 @@ export class Session {
    */
   setState(tool: string, state: ToolState): Promise<SetStateAnswer> {
     return this.client.setState(tool, state, { session: this.id });
+  }
+
+  /**
+   * Puts this session's calls in plan mode (`true`) or lifts it (`false`, an approver's op:
+   * see `AirlockClient.setPlanMode`), for the calls decided from then on.
+   */
+  setPlanMode(planMode: boolean): Promise<SessionSetAnswer> {
+    return this.client.setPlanMode(this.id, planMode);
   }
 
   /** Every tool with the state calls in this session see: offer a model the `active` ones. */

@@ -154,10 +154,46 @@ describe("session workspaces against a real daemon", T, () => {
       await planning.close();
     }
     await assert.rejects(narrowed.setState("echo", "active"), SessionUnknownError);
+    await assert.rejects(planning.setPlanMode(true), SessionUnknownError);
     await assert.rejects(client.setState("echo", "active", { session: narrowed.id }), SessionUnknownError);
     await assert.rejects(client.setState("nope", "active", { session: narrowed.id }), (error: unknown) => {
       assert.ok(error instanceof RequestError && error.kind === "unknown_tool", String(error));
       return true;
     });
+  });
+
+  it("changes a session's plan mode after it opened", async () => {
+    const session = await client.openSession();
+    try {
+      assert.deepEqual(await session.setPlanMode(true), { session: session.id, plan_mode: true });
+      const denied = await session.call("sh", { script: "touch x" });
+      assert.equal(denied.error?.rule, "plan_mode");
+      // No approver role on this daemon: every allowed peer may lift it.
+      assert.deepEqual(await client.setPlanMode(session.id, false), { session: session.id, plan_mode: false });
+      const ran = await session.call("sh", { script: "touch x" });
+      assert.equal(ran.ok, true, JSON.stringify(ran));
+    } finally {
+      await session.close();
+    }
+  });
+});
+
+describe("a session's plan mode with an approver role", T, () => {
+  it("is tightened by anyone and lifted by approvers only", async () => {
+    const daemon = await startDaemon({ policy: sessionPolicy(), args: ["--approver-uid", "4242"] });
+    const client = await AirlockClient.connect(daemon.socket);
+    try {
+      const session = await client.openSession();
+      await session.setPlanMode(true);
+      await assert.rejects(session.setPlanMode(false), (error: unknown) => {
+        assert.ok(error instanceof RequestError && error.kind === "forbidden", String(error));
+        return true;
+      });
+      const still = await session.call("sh", { script: "true" }, { dryRun: true });
+      assert.ok("dry_run" in still && still.dry_run.decision === "deny", JSON.stringify(still));
+    } finally {
+      await client.close();
+      await daemon.dispose();
+    }
   });
 });

@@ -41,6 +41,23 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
         answers.send(reply(body), None).await;
         return;
     }
+    // Tightening a session is anyone's; lifting its plan mode is an approver's, as is
+    // lifting a tool's state.
+    if matches!(
+        op,
+        Op::SessionSet(super::wire::SessionSetRequest {
+            plan_mode: false,
+            ..
+        })
+    ) && !conn.peer.may_approve
+    {
+        let body = error_body(
+            "forbidden",
+            "only the daemon's approvers (--approver-uid, --approver-gid) may lift a session's plan mode",
+        );
+        answers.send(reply(body), None).await;
+        return;
+    }
     match op {
         Op::Call(request) => {
             let (call, opts) = match call_of(&request) {
@@ -196,7 +213,8 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
         | Op::PutFile(_)
         | Op::GetFile(_)
         | Op::Changes(_)
-        | Op::SessionClose(_)) => {
+        | Op::SessionClose(_)
+        | Op::SessionSet(_)) => {
             let body = super::sessions::answer(&shared.gate, op).await;
             answers.send(reply(body), None).await;
         }

@@ -1,4 +1,5 @@
-//! The session ops: `session_open`, `put_file`, `get_file`, `changes`, `session_close`.
+//! The session ops: `session_open`, `put_file`, `get_file`, `changes`, `session_close`,
+//! `session_set`.
 //! Their file work runs on the blocking pool, never on the connection's task.
 
 use std::sync::Arc;
@@ -7,7 +8,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::wire::{
-    GetFileRequest, Op, PutFileRequest, SessionOpenRequest, SessionRequest, SizeField, error_body,
+    GetFileRequest, Op, PutFileRequest, SessionOpenRequest, SessionRequest, SessionSetRequest,
+    SizeField, error_body,
 };
 use crate::gate::Gate;
 use crate::session::{SessionError, Sessions};
@@ -81,7 +83,8 @@ fn run(gate: &Gate, sessions: &Sessions, op: Op) -> Value {
                 .and_then(|opened| {
                     // Before the id is answered, so no call in it can run outside plan mode.
                     if plan_mode
-                        && let Err(error) = sessions.set_plan_mode(bounds, &opened.session, true)
+                        && let Err(error) =
+                            sessions.set_plan_mode(bounds, "session_open", &opened.session, true)
                     {
                         let _ = sessions.close(&opened.session);
                         return Err(error);
@@ -111,6 +114,10 @@ fn run(gate: &Gate, sessions: &Sessions, op: Op) -> Value {
         Op::SessionClose(SessionRequest { session }) => {
             sessions.close(&session).map(|()| json!({"closed": true}))
         }
+        // Whether this peer may lift a plan mode was decided before (`dispatch`).
+        Op::SessionSet(SessionSetRequest { session, plan_mode }) => sessions
+            .set_plan_mode(bounds, "session_set", &session, plan_mode)
+            .map(|()| json!({"session": session, "plan_mode": plan_mode})),
         _ => return error_body("invalid_request", "not a session op"),
     };
     match outcome {

@@ -52,6 +52,8 @@ pub enum Op {
     Changes(SessionRequest),
     /// Close a session: everything of it removed.
     SessionClose(SessionRequest),
+    /// Change an open session's settings: its plan mode.
+    SessionSet(SessionSetRequest),
 }
 
 /// The fields of `tools`.
@@ -75,6 +77,16 @@ pub struct SessionOpenRequest {
     pub size: Option<SizeField>,
     /// Every call in the session is in plan mode, whatever the call asks.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plan_mode: bool,
+}
+
+/// The fields of `session_set`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSetRequest {
+    /// An open session.
+    pub session: String,
+    /// Put every call in it in plan mode (`true`), or lift that (`false`: an approver's op).
     pub plan_mode: bool,
 }
 
@@ -366,6 +378,7 @@ fn op_from_fields(fields: Vec<(String, Box<RawValue>)>) -> Result<Op, RequestErr
         "get_file" => Op::GetFile(fields_of(&name, &object)?),
         "changes" => Op::Changes(fields_of(&name, &object)?),
         "session_close" => Op::SessionClose(fields_of(&name, &object)?),
+        "session_set" => Op::SessionSet(fields_of(&name, &object)?),
         _ => return Err(RequestError::UnknownOp(name)),
     };
     check_ids(&op)?;
@@ -418,7 +431,8 @@ fn check_ids(op: &Op) -> Result<(), RequestError> {
         | Op::PutFile(PutFileRequest { session, .. })
         | Op::GetFile(GetFileRequest { session, .. })
         | Op::Changes(SessionRequest { session })
-        | Op::SessionClose(SessionRequest { session }) => check_id("session", session),
+        | Op::SessionClose(SessionRequest { session })
+        | Op::SessionSet(SessionSetRequest { session, .. }) => check_id("session", session),
         Op::Cancel(request) if request.target.to_string().len() > MAX_ID_BYTES => {
             Err(RequestError::BadId("target"))
         }

@@ -76,13 +76,10 @@ impl Supervisor {
             cancel,
         };
 
-        // Pooled workers have /dev/null stdio, so only captured runs can use them; and they
-        // are confined before a call names its session, so no call with a workspace can.
-        let poolable = run.inherit_stdio.is_none()
-            && profile.workspace.is_none()
-            && matches!(watching, Watching::Refusals);
-        // Not even looked up otherwise: a session's profiles would crowd the pooled ones
-        // out of the bounded key cache.
+        // Pooled workers have /dev/null stdio, so only captured runs can use them. A
+        // session's profile (with its workspace) is pooled only in that session's own pool
+        // (`keep_session_worker`): its key digests a spec naming the session's directory.
+        let poolable = run.inherit_stdio.is_none() && matches!(watching, Watching::Refusals);
         let key = if poolable {
             self.pool_keys.of(&profile)
         } else {

@@ -17,6 +17,7 @@ mod egress;
 mod hints;
 mod lease;
 mod outcome;
+mod session_workers;
 mod warm;
 mod worker;
 

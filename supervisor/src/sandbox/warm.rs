@@ -26,7 +26,7 @@ use crate::template::{Lookup, RootTemplate, TemplateError, source_identities, sp
 pub(super) struct WarmPool {
     profile: Arc<CompiledProfile>,
     target: Arc<IdleTarget>,
-    stop: CancelSignal,
+    pub(super) stop: CancelSignal,
 }
 
 /// Which pool serves a profile: a digest of everything a pooled worker was confined with
@@ -342,6 +342,11 @@ impl Supervisor {
     /// now; `None` where the profile's workers build their own roots (see
     /// [`crate::template`]).
     async fn root_template(&self, profile: &Arc<CompiledProfile>) -> Option<Arc<RootTemplate>> {
+        // A session's profile keeps one worker: a template (a holder spawned, a spawner
+        // thread and a mount namespace kept) would cost more than it saves.
+        if profile.workspace.is_some() {
+            return None;
+        }
         let network = self.worker_network(profile);
         match self.templates.find(profile, network) {
             Lookup::Ready(template) => return Some(template),

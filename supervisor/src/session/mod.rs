@@ -7,13 +7,16 @@
 //! Its id is a capability: 128 bits from the OS random source, never derived from
 //! anything a client or a tool can see (its directory has a name of its own).
 //!
-//! Such calls take the cold path: pooled workers are confined before a call says which
-//! session it belongs to, and a mount cannot be added to a confined worker. A session's
-//! profile is built once per (session, profile) and reused by its calls.
+//! A pooled worker is confined before a call says which session it belongs to, and a
+//! mount cannot be added to a confined worker: so each session keeps workers of its own,
+//! confined with its workspace ([`workers`], when the sessions are given a supervisor with
+//! [`Sessions::keep_workers`]); otherwise its calls take the cold path. A session's profile
+//! is built once per (session, profile) and reused by its calls.
 
 mod changes;
 mod storage;
 mod tree;
+mod workers;
 
 use std::collections::HashMap;
 use std::io;
@@ -28,6 +31,7 @@ use serde::Serialize;
 
 pub use changes::{Change, ChangeKind};
 use storage::{StateDir, Storage};
+use workers::SessionWorkers;
 
 use crate::clock::Clock;
 use crate::result::{ErrorKind, ToolError, ToolResult};
@@ -133,6 +137,8 @@ pub struct Sessions {
     /// one is refused rather than quietly given the daemon-wide settings (which would lift
     /// its plan mode). Bounded: the oldest are forgotten first.
     ended: Mutex<EndedSessions>,
+    /// Where sessions' pooled workers come from, if they have any.
+    workers: Option<Arc<SessionWorkers>>,
 }
 
 /// Most ended sessions remembered (128-bit ids: a few MiB at most).
@@ -165,6 +171,10 @@ struct SessionState {
     states: HashMap<String, ToolState>,
     /// Every call in it is in plan mode, whatever the call asks.
     plan_mode: bool,
+    /// Its profiles that keep a pooled worker of this session's.
+    kept: Vec<Arc<CompiledProfile>>,
+    /// Closed or expired: no worker is kept for it any more.
+    ended: bool,
 }
 
 fn millis(t: SystemTime) -> u64 {
@@ -189,7 +199,36 @@ impl Sessions {
             open: Mutex::new(HashMap::new()),
             leftovers: Mutex::new(Vec::new()),
             ended: Mutex::new(EndedSessions::default()),
+            workers: None,
         })
+    }
+
+    /// Keeps a pre-confined worker of `supervisor`'s for each (session, profile) a call
+    /// used, at most `max` over all sessions (the daemon passes its `--pool-max`): a call
+    /// in a session then takes a ready worker instead of a cold one. Without this, every
+    /// call in a session is cold.
+    #[must_use]
+    pub fn keep_workers(mut self, supervisor: Arc<crate::Supervisor>, max: usize) -> Self {
+        self.workers = (max > 0).then(|| Arc::new(SessionWorkers::new(supervisor, max)));
+        self
+    }
+
+    /// (session, profile) pools of pre-confined workers kept now.
+    pub fn workers_kept(&self) -> usize {
+        self.workers.as_ref().map_or(0, |w| w.kept())
+    }
+
+    /// A session is gone (closed or expired): its pooled workers are killed now, and no
+    /// call still running in it starts another.
+    fn end(&self, session: &Session) {
+        let kept = {
+            let mut state = session.state();
+            state.ended = true;
+            std::mem::take(&mut state.kept)
+        };
+        if let Some(workers) = &self.workers {
+            workers.release(kept);
+        }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
@@ -266,6 +305,8 @@ impl Sessions {
                 profiles: Vec::new(),
                 states: HashMap::new(),
                 plan_mode: false,
+                kept: Vec::new(),
+                ended: false,
             }),
         });
         let isolation = if session.base.is_some() {
@@ -337,14 +378,17 @@ impl Sessions {
         Ok(session)
     }
 
-    /// Puts every call in the session `id` in plan mode (`on`), or leaves it to each call.
+    /// Puts every call in the session `id` in plan mode (`on`), or leaves it to each call
+    /// (`op` names the operation in an error). Calls decided from then on see it; one
+    /// already running finishes. Who may lift a plan mode is the caller's to decide.
     pub fn set_plan_mode(
         &self,
         policy: &SessionPolicy,
+        op: &'static str,
         id: &str,
         on: bool,
     ) -> Result<(), SessionError> {
-        self.get(policy, "session_open", id)?.state().plan_mode = on;
+        self.get(policy, op, id)?.state().plan_mode = on;
         Ok(())
     }
 
@@ -479,6 +523,7 @@ impl Sessions {
             .remove(id)
             .ok_or(SessionError::Unknown { op: OP })?;
         self.note_ended(id, &session);
+        self.end(&session);
         self.remove_storage(session);
         Ok(())
     }
@@ -524,6 +569,7 @@ impl Sessions {
         }
         for (id, session) in expired {
             self.note_ended(&id, &session);
+            self.end(&session);
             self.remove_storage(session);
         }
         count
@@ -539,6 +585,7 @@ impl Sessions {
                 .unwrap_or_else(PoisonError::into_inner),
         );
         for session in all {
+            self.end(&session);
             if let Err(error) = session.storage.remove() {
                 tracing::error!(%error, "a session's files are left for the next start to remove");
             }
@@ -565,6 +612,7 @@ impl Sessions {
         };
         let id = id.ok_or_else(unknown)?;
         let session = self.get(policy, "call", id).map_err(|_| unknown())?;
+        let mut unused = Vec::new();
         let profile = {
             let mut state = session.state();
             state.calls += 1;
@@ -576,18 +624,33 @@ impl Sessions {
             known.unwrap_or_else(|| {
                 let source = session.storage.path.to_string_lossy();
                 let with = Arc::new(airlock_policy::compile::with_workspace(profile, &source));
-                // Bounded by the policy's profiles; a reloaded policy brings new ones.
-                state.profiles.retain(|(p, _)| Arc::strong_count(p) > 1);
+                // Bounded by the policy's profiles; a reloaded policy brings new ones, and
+                // the workers kept for those it dropped go.
+                let (live, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut state.profiles)
+                    .into_iter()
+                    .partition(|(p, _)| Arc::strong_count(p) > 1);
+                state.profiles = live;
+                for (_, dropped) in gone {
+                    if let Some(i) = state.kept.iter().position(|k| Arc::ptr_eq(k, &dropped)) {
+                        unused.push(state.kept.swap_remove(i));
+                    }
+                }
                 state
                     .profiles
                     .push((Arc::clone(profile), Arc::clone(&with)));
                 with
             })
         };
+        if let Some(workers) = &self.workers
+            && !unused.is_empty()
+        {
+            workers.release(unused);
+        }
         Ok(Some(SessionCall {
             session,
             profile,
             clock: Arc::clone(&self.clock),
+            workers: self.workers.clone(),
         }))
     }
 }
@@ -686,6 +749,7 @@ pub struct SessionCall {
     /// The call's profile, with the session's workspace.
     pub profile: Arc<CompiledProfile>,
     clock: Arc<dyn Clock>,
+    workers: Option<Arc<SessionWorkers>>,
 }
 
 impl SessionCall {
@@ -723,5 +787,12 @@ impl Drop for SessionCall {
         let mut state = self.session.state();
         state.calls = state.calls.saturating_sub(1);
         state.last_used = state.last_used.max(now);
+        // The next call of this profile in this session finds a worker ready. Not for a
+        // session that ended meanwhile: its workers are gone and stay gone.
+        if let Some(workers) = &self.workers
+            && !state.ended
+        {
+            workers.keep(&mut state.kept, &self.profile);
+        }
     }
 }

@@ -34,6 +34,7 @@ mod network;
 mod operations;
 mod pool;
 mod protocol_hostile;
+mod session_pool;
 mod session_settings;
 mod soak;
 mod source_layout;

@@ -272,3 +272,115 @@ fn bad_session_settings_are_typed_refusals() {
             .starts_with("allow:")
     );
 }
+
+#[test]
+fn anyone_may_put_a_session_in_plan_mode_but_only_an_approver_may_lift_it() {
+    let _guard = airlock_tests::shared();
+    // Another uid is the approver: this client (the daemon's own uid) may connect and
+    // call, but not lift.
+    let daemon = Daemon::start_with(POLICY, &["--approver-uid", "4242"]);
+    let mut client = Client::connect(&daemon);
+    let (session, other) = (client.open(false), client.open(false));
+    assert!(
+        client
+            .decide("sh", Some(&session), false)
+            .starts_with("allow:")
+    );
+    let set =
+        client.ask(json!({"id": 1, "op": "session_set", "session": session, "plan_mode": true}));
+    assert_eq!(
+        set["result"],
+        json!({"session": session, "plan_mode": true}),
+        "{set}"
+    );
+    assert_eq!(
+        client.decide("sh", Some(&session), false),
+        "deny:\"plan_mode\""
+    );
+    assert!(
+        client
+            .decide("echo", Some(&session), false)
+            .starts_with("allow:")
+    );
+    assert!(
+        client
+            .decide("sh", Some(&other), false)
+            .starts_with("allow:")
+    );
+    // Lifting it is refused to a peer that is not an approver, and changes nothing.
+    let lift =
+        client.ask(json!({"id": 2, "op": "session_set", "session": session, "plan_mode": false}));
+    assert_eq!(error_kind(&lift), "forbidden", "{lift}");
+    assert_eq!(
+        client.decide("sh", Some(&session), false),
+        "deny:\"plan_mode\""
+    );
+    // Not even for a session not in plan mode: the request itself is an approver's.
+    let lift =
+        client.ask(json!({"id": 3, "op": "session_set", "session": other, "plan_mode": false}));
+    assert_eq!(error_kind(&lift), "forbidden", "{lift}");
+    // Closed, the session's calls are refused, not run outside plan mode.
+    client.ask(json!({"id": 4, "op": "session_close", "session": session}));
+    assert_eq!(
+        client.decide("sh", Some(&session), false),
+        "session_unknown"
+    );
+    let gone =
+        client.ask(json!({"id": 5, "op": "session_set", "session": session, "plan_mode": true}));
+    assert_eq!(error_kind(&gone), "session_unknown", "{gone}");
+    drop(daemon);
+
+    // With this uid as the approver, it lifts.
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() }.to_string();
+    let daemon = Daemon::start_with(POLICY, &["--approver-uid", &me]);
+    let mut client = Client::connect(&daemon);
+    let session = client.open(true);
+    assert_eq!(
+        client.decide("sh", Some(&session), false),
+        "deny:\"plan_mode\""
+    );
+    let lift =
+        client.ask(json!({"id": 6, "op": "session_set", "session": session, "plan_mode": false}));
+    assert_eq!(
+        lift["result"],
+        json!({"session": session, "plan_mode": false}),
+        "{lift}"
+    );
+    assert!(
+        client
+            .decide("sh", Some(&session), false)
+            .starts_with("allow:")
+    );
+    // A call's own plan mode still holds.
+    assert_eq!(
+        client.decide("sh", Some(&session), true),
+        "deny:\"plan_mode\""
+    );
+}
+
+#[test]
+fn bad_session_set_requests_are_refused() {
+    let _guard = airlock_tests::shared();
+    let daemon = Daemon::start_with(POLICY, &[]);
+    let mut client = Client::connect(&daemon);
+    let session = client.open(false);
+    for bad in [
+        json!({"id": 1, "op": "session_set", "session": session}),
+        json!({"id": 2, "op": "session_set", "session": session, "plan_mode": "yes"}),
+        json!({"id": 3, "op": "session_set", "session": session, "plan_mode": true, "tool": "sh"}),
+        json!({"id": 4, "op": "session_set", "session": "", "plan_mode": true}),
+        json!({"id": 5, "op": "session_set", "plan_mode": true}),
+    ] {
+        let answer = client.ask(bad.clone());
+        assert_eq!(error_kind(&answer), "invalid_request", "{bad}: {answer}");
+    }
+    let forged = client
+        .ask(json!({"id": 6, "op": "session_set", "session": "0".repeat(32), "plan_mode": true}));
+    assert_eq!(error_kind(&forged), "session_unknown", "{forged}");
+    assert!(
+        client
+            .decide("sh", Some(&session), false)
+            .starts_with("allow:")
+    );
+}

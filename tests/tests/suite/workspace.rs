@@ -545,6 +545,11 @@ fn every_session_answer_matches_the_published_schema() {
     );
     assert_eq!(got["result"], json!({"content_base64": "aGk=", "size": 2}));
     check(&mut client, json!({"id": 4, "op": "changes", "session": s}));
+    let set = check(
+        &mut client,
+        json!({"id": 41, "op": "session_set", "session": s, "plan_mode": true}),
+    );
+    assert_eq!(set["result"]["plan_mode"], true, "{set}");
     let stats = client.ask(json!({"id": "s", "op": "stats"}));
     assert_eq!(stats["result"]["sessions_open"], 1, "{stats}");
     let full = check(

@@ -38,6 +38,7 @@ from .types import (
     DryRun,
     Health,
     SessionInfo,
+    SessionSettings,
     StateChange,
     Stats,
     ToolListing,
@@ -798,6 +799,21 @@ class Client:
         if not isinstance(changes, list):
             raise ProtocolError(f"the changes answer has no list of changes: {result!r:.200}")
         return [Change.from_json(c) for c in changes]
+
+    async def set_plan_mode(self, session: str, plan_mode: bool) -> SessionSettings:
+        """``session_set``: puts every call in the open ``session`` in plan mode
+        (``True``), or lifts that (``False``), for the calls decided from then on. Anyone may
+        put a session in plan mode; lifting it raises :class:`~airlock_client.Forbidden`
+        unless this peer is one of the daemon's approvers (when it has any). Raises
+        :class:`~airlock_client.SessionUnknown` for a session that is not open."""
+        if not isinstance(plan_mode, bool):
+            raise TypeError("plan_mode must be a bool")
+        body = {
+            "op": "session_set",
+            "session": _short_text("session", session),
+            "plan_mode": plan_mode,
+        }
+        return SessionSettings.from_json(await self._roundtrip(body))
 
     async def close_session(self, session: str) -> None:
         """``session_close``: closes the session and removes its files."""

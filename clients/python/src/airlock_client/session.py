@@ -13,6 +13,7 @@ from .types import (
     CallResult,
     Change,
     SessionInfo,
+    SessionSettings,
     StateChange,
     ToolListing,
     ToolState,
@@ -123,6 +124,10 @@ class Session:
         """:meth:`Client.set_state` for this session's calls only: it wins over the
         daemon-wide state, no other session sees it, and it goes when the session closes."""
         return await self.client.set_state(tool, state, session=self.name)
+
+    async def set_plan_mode(self, plan_mode: bool) -> SessionSettings:
+        """:meth:`Client.set_plan_mode` of this session: lifting it is an approver's op."""
+        return await self.client.set_plan_mode(self.name, plan_mode)
 
     async def tools(self) -> list[ToolListing]:
         """:meth:`Client.tools` with the states this session's calls see."""

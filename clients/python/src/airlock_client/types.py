@@ -511,6 +511,20 @@ class StateChange:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """The ``session_set`` answer: the session and its plan mode now."""
+
+    session: str
+    plan_mode: bool
+
+    @classmethod
+    def from_json(cls, value: Any) -> SessionSettings:
+        o = _object(value, "session_set answer")
+        w = "session_set answer"
+        return cls(_field(o, "session", w), _field(o, "plan_mode", w))
+
+
+@dataclass(frozen=True, slots=True)
 class SessionInfo:
     """The ``session_open`` answer: the session's id and what it was opened with."""
 
