@@ -30,6 +30,7 @@ mod limits;
 mod logs;
 mod mcp;
 mod mounts;
+mod netns;
 mod network;
 mod operations;
 mod pool;
