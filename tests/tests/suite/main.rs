@@ -37,6 +37,7 @@ mod protocol_hostile;
 mod session_settings;
 mod soak;
 mod source_layout;
+mod spawn;
 mod suite_rules;
 mod tool_contract;
 mod workspace;
