@@ -17,6 +17,22 @@ fn descriptor_table_size(pid: &str) -> Option<usize> {
         .and_then(|size| size.trim().parse().ok())
 }
 
+/// Raises this process's soft descriptor limit to its hard one; returns the new limit.
+fn raise_descriptor_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the valid struct given.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(got, 0);
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: setrlimit reads one valid rlimit; raising the soft limit to the hard one is
+    // always permitted.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_gets_a_small_descriptor_table_however_many_the_supervisor_holds() {
     // Exclusive: it counts this process's children, and its thousand descriptors would
@@ -32,9 +48,17 @@ async fn a_worker_gets_a_small_descriptor_table_however_many_the_supervisor_hold
     supervisor.keep_warm(Arc::clone(&profile), 1);
     wait_until_async("the pool is warm", || supervisor.pool_stats().idle == 1).await;
 
-    // A thousand descriptors, as a daemon with a few hundred calls in flight holds. Before,
-    // every new worker's child got a copy of the whole table (and closed it again at exec).
-    let held: Vec<std::fs::File> = (0..1000)
+    // A thousand descriptors, as a daemon with a few hundred calls in flight holds, or as
+    // many as the hard limit leaves room for (the kernel matrix's VM allows 1,024). Before,
+    // every new worker's child got a copy of the whole table (and closed it again at exec),
+    // so its table had room for at least as many.
+    let limit = raise_descriptor_limit();
+    let count = 1000.min(limit.saturating_sub(200));
+    assert!(
+        count > 256,
+        "a descriptor limit of {limit} leaves no room for the test"
+    );
+    let held: Vec<std::fs::File> = (0..count)
         .map(|_| std::fs::File::open("/dev/null").unwrap())
         .collect();
     let children_before = our_children();
@@ -67,7 +91,7 @@ async fn a_worker_gets_a_small_descriptor_table_however_many_the_supervisor_hold
         // A child that already ended has no status to read.
         if let Some(size) = descriptor_table_size(pid) {
             assert!(
-                size < 1000,
+                size < count,
                 "worker {pid} has room for {size} descriptors: it was given the supervisor's table"
             );
         }
