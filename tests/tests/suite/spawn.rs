@@ -35,9 +35,9 @@ fn raise_descriptor_limit() -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_gets_a_small_descriptor_table_however_many_the_supervisor_holds() {
+    let _guard = airlock_tests::exclusive();
     // Exclusive: it counts this process's children, and its thousand descriptors would
     // sit below every other test's.
-    let _guard = airlock_tests::exclusive();
     if !sandbox_available() {
         return;
     }
