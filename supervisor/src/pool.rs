@@ -273,6 +273,8 @@ struct Slot<W> {
     /// gave the bench's warm calls workers made moments before, never rehearsed.
     idle: VecDeque<W>,
     notify: Arc<Notify>,
+    /// The most workers idle at once since the pool last ran low (see [`Pool::take`]).
+    high_water: usize,
 }
 
 /// Idle workers by pool key.
@@ -302,14 +304,16 @@ impl<W> Pool<W> {
         let slot = slots.entry(key.to_string()).or_insert_with(|| Slot {
             idle: VecDeque::new(),
             notify: Arc::new(Notify::new()),
+            high_water: 0,
         });
         Arc::clone(&slot.notify)
     }
 
-    /// Takes an idle worker for `key`, if any. Wakes the replenisher only if that emptied
-    /// the pool; otherwise the caller does, with [`Pool::replenish`], once its call has
-    /// answered, so that making the next worker (a few ms of CPU) does not compete with the
-    /// call for the cores.
+    /// Takes an idle worker for `key`, if any. Wakes the replenisher at once only if that
+    /// left the pool at half or less of what it last held (it is draining faster than
+    /// calls end: two clients at full load found it empty and ran cold); otherwise the
+    /// caller does, with [`Pool::replenish`], once its call has answered, so that making
+    /// the next worker (a few ms of CPU) does not compete with the call for the cores.
     pub fn take(&self, key: &str) -> Option<W> {
         let Ok(mut slots) = self.slots.lock() else {
             return None;
@@ -318,8 +322,11 @@ impl<W> Pool<W> {
         let worker = slot.idle.pop_front();
         if worker.is_some() {
             self.hits.fetch_add(1, Ordering::Relaxed);
-            if slot.idle.is_empty() {
+            if slot.idle.len() * 2 <= slot.high_water {
                 slot.notify.notify_one();
+                // Measured again from here, so a pool that stays this low is not woken by
+                // every take.
+                slot.high_water = slot.idle.len();
             }
         }
         worker
@@ -337,14 +344,13 @@ impl<W> Pool<W> {
     /// Adds an idle worker for `key`.
     pub fn put(&self, key: &str, worker: W) {
         if let Ok(mut slots) = self.slots.lock() {
-            slots
-                .entry(key.to_string())
-                .or_insert_with(|| Slot {
-                    idle: VecDeque::new(),
-                    notify: Arc::new(Notify::new()),
-                })
-                .idle
-                .push_back(worker);
+            let slot = slots.entry(key.to_string()).or_insert_with(|| Slot {
+                idle: VecDeque::new(),
+                notify: Arc::new(Notify::new()),
+                high_water: 0,
+            });
+            slot.idle.push_back(worker);
+            slot.high_water = slot.high_water.max(slot.idle.len());
         }
     }
 
@@ -467,6 +473,31 @@ mod tests {
         assert_eq!(pool.take("p"), Some(2));
         assert_eq!(pool.take("p"), Some(3));
         assert_eq!(pool.take("p"), Some(4));
+    }
+
+    #[tokio::test]
+    async fn a_take_wakes_the_replenisher_once_the_pool_is_half_drained_not_before() {
+        let pool: Pool<u32> = Pool::default();
+        let notify = pool.notify_for("p");
+        for worker in 0..4 {
+            pool.put("p", worker);
+        }
+        // A stored wake-up completes `notified` at its first poll; none leaves it pending.
+        let woken = || {
+            let notify = Arc::clone(&notify);
+            async move {
+                tokio::time::timeout(std::time::Duration::ZERO, notify.notified())
+                    .await
+                    .is_ok()
+            }
+        };
+        assert_eq!(pool.take("p"), Some(0));
+        assert!(!woken().await, "woken with three of four idle");
+        assert_eq!(pool.take("p"), Some(1));
+        assert!(woken().await, "not woken with two of four idle");
+        // Measured from two now: one left is half of that again.
+        assert_eq!(pool.take("p"), Some(2));
+        assert!(woken().await, "not woken with one of two idle");
     }
 
     #[tokio::test]

@@ -7,10 +7,34 @@ use std::path::Path;
 use super::CgroupError;
 
 pub(super) fn read_file(path: &Path) -> Result<String, CgroupError> {
-    fs::read_to_string(path).map_err(|source| CgroupError::ReadFile {
+    read_whole(path).map_err(|source| CgroupError::ReadFile {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Reads a whole procfs or cgroupfs file into a buffer of a page or more from the start:
+/// such files report size 0, so `fs::read_to_string` starts at 32 bytes and doubles,
+/// 8 reads for a 2 KiB mountinfo, each of which the kernel regenerates from the start.
+/// (Not `File::read_to_string` either, which asks for the size first: two more syscalls.)
+pub(super) fn read_whole(path: &Path) -> io::Result<String> {
+    use std::io::Read;
+    let mut file = fs::File::open(path)?;
+    let mut bytes = vec![0u8; 8192];
+    let mut len = 0;
+    loop {
+        if len == bytes.len() {
+            bytes.resize(len * 2, 0);
+        }
+        match file.read(&mut bytes[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(len);
+    String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// Reads a whole (small) file with pread from offset 0, so an open descriptor can be read

@@ -8,12 +8,14 @@
 //! cgroup outlives that; so a worker cgroup is named `airlock-<pid>-<start>-<n>`, and its
 //! supervisor counts as alive only while `/proc/<pid>/stat` shows that start time.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use super::CgroupParent;
+use super::files::read_whole;
 
 /// The name of this process's `n`th worker cgroup: `airlock-<pid>-<start>-<n>`. Should
 /// this process's start time be unreadable, `airlock-<pid>-<n>`, which a sweep leaves
@@ -48,7 +50,7 @@ fn start_time(stat: &str) -> Option<u64> {
 }
 
 /// Who made a worker cgroup, read from its name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Maker {
     pid: u32,
     /// `None` in names made without it (`airlock-<pid>-<n>`).
@@ -79,7 +81,7 @@ fn maker_of(name: &str) -> Option<Maker> {
 /// stat unreadable for another reason than the process being gone, or unparsable) it
 /// counts as alive: its cgroups are kept rather than taken from a live supervisor.
 fn is_alive(proc_root: &Path, maker: Maker) -> bool {
-    let stat = match fs::read_to_string(proc_root.join(maker.pid.to_string()).join("stat")) {
+    let stat = match read_whole(&proc_root.join(maker.pid.to_string()).join("stat")) {
         Ok(stat) => stat,
         Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => {
             return false;
@@ -104,6 +106,9 @@ impl CgroupParent {
     /// a supervisor whose pid is `own_pid` (whose cgroups are never stale).
     fn remove_stale_worker_cgroups_with(&self, proc_root: &Path, own_pid: u32) -> Vec<PathBuf> {
         let mut removed = Vec::new();
+        // A live supervisor has cgroups in every hierarchy, and reused ones besides: its
+        // stat is read once a scan, not once a cgroup.
+        let mut alive: HashMap<Maker, bool> = HashMap::new();
         for dir in self.dirs() {
             let Ok(entries) = fs::read_dir(dir) else {
                 continue;
@@ -113,7 +118,11 @@ impl CgroupParent {
                 let Some(maker) = name.to_str().and_then(maker_of) else {
                     continue;
                 };
-                if maker.pid == own_pid || is_alive(proc_root, maker) {
+                if maker.pid == own_pid
+                    || *alive
+                        .entry(maker)
+                        .or_insert_with(|| is_alive(proc_root, maker))
+                {
                     continue;
                 }
                 let path = entry.path();

@@ -12,7 +12,7 @@ use super::{
     ChildProcess, IdMapping, NamespaceCounts, PendingSpawn, Reply, SpawnError, SpawnInFlight,
     SpawnRequest, Spawned, WorkerImage, WorkerNetwork,
 };
-use crate::sys::{self, ChildMemory, ChildStack, InFlightChild};
+use crate::sys::{self, ChildMemory, ChildSlots, ChildStack, InFlightChild};
 
 /// Handle to the spawner threads. Clones share them; when the last clone is dropped the
 /// threads are told to stop and joined, so the sealed worker image they hold is closed by
@@ -105,6 +105,15 @@ impl SpawnerThread {
             .spawn(move || {
                 // The host's /proc, opened before any namespace is entered: in a template's
                 // mount namespace `/proc` is the template's, where the workers' pids are not.
+                // The slots too (their placeholder is the host's /dev/null), as early as
+                // possible, while the numbers are low.
+                let mut slots = match ChildSlots::reserve() {
+                    Ok(slots) => slots,
+                    Err(error) => {
+                        let _ = started.send(Err(error));
+                        return;
+                    }
+                };
                 let entered = sys::block_all_signals_in_this_thread()
                     .and_then(|()| sys::open_proc_dir())
                     .and_then(|proc_dir| {
@@ -152,13 +161,17 @@ impl SpawnerThread {
                             drop((request, reply, in_flight));
                         }
                         Ok((request, reply, in_flight)) => {
-                            let spawned = spawn_worker(
-                                &image,
+                            let program = Program {
+                                image: &image,
                                 mapping,
-                                &extra_args,
+                                extra_args: &extra_args,
+                            };
+                            let spawned = spawn_worker(
+                                &program,
                                 &proc_dir,
                                 request,
                                 &mut children,
+                                &mut slots,
                                 &mut network,
                             );
                             // If the caller gave up while we were spawning, the reply is
@@ -434,14 +447,24 @@ fn write_proc_file(
         .map_err(|source| SpawnError::IdMap { file, pid, source })
 }
 
+/// What every worker of a spawner thread runs, and as whom.
+struct Program<'a> {
+    image: &'a WorkerImage,
+    mapping: IdMapping,
+    extra_args: &'a [String],
+}
+
 /// Runs on the spawner thread: clone, map ids, release the child, learn whether it exec'd.
 fn spawn_worker(
-    image: &WorkerImage,
-    mapping: IdMapping,
-    extra_args: &[String],
+    &Program {
+        image,
+        mapping,
+        extra_args,
+    }: &Program<'_>,
     proc_dir: &OwnedFd,
     request: SpawnRequest,
     children: &mut ChildrenInFlight,
+    slots: &mut ChildSlots,
     network: &mut ThreadNetwork,
 ) -> Result<Spawned, SpawnError> {
     let parent = |operation| move |source| SpawnError::Parent { operation, source };
@@ -452,67 +475,69 @@ fn spawn_worker(
         sys::cloexec_pipe().map_err(parent("create the handshake pipe"))?;
     let (report_read, report_write) =
         sys::cloexec_pipe().map_err(parent("create the report pipe"))?;
+    let (unshared_read, unshared_write) =
+        sys::cloexec_pipe().map_err(parent("create the unshare pipe"))?;
 
-    let argv = [
-        CString::new("airlock-worker"),
-        CString::new(WORKER_SOCKET_ARG_NAME),
-        CString::new(worker_end.as_raw_fd().to_string()),
-    ]
-    .into_iter()
-    .chain(extra_args.iter().map(|a| CString::new(a.as_str())))
-    .collect::<Result<Vec<_>, _>>()
-    .map_err(|e| SpawnError::Parent {
-        operation: "build the worker argv",
-        source: io::Error::other(e),
-    })?;
-    let memory = ChildMemory::new(
-        image.raw(),
-        argv,
-        request
-            .join_cgroups
-            .iter()
-            .map(AsRawFd::as_raw_fd)
-            .collect(),
-        (maps_read.as_raw_fd(), maps_write.as_raw_fd()),
-        [
-            request.stdio[0].as_raw_fd(),
-            request.stdio[1].as_raw_fd(),
-            request.stdio[2].as_raw_fd(),
-        ],
-        worker_end.as_raw_fd(),
-        report_write.as_raw_fd(),
-    );
-    let stack = children
-        .stack()
-        .map_err(parent("map a stack for the worker's child"))?;
-    let clone_started = std::time::Instant::now();
-    let (new_network, lent_network) = network.prepare(request.network, proc_dir)?;
-    let cloned = sys::clone_worker(
-        memory,
-        stack,
-        request.cgroup_dir.as_ref().map(AsRawFd::as_raw_fd),
-        new_network,
-    );
-    // Checked again before the next spawn makes anything.
-    let _ = network.go_home();
-    let (cloned, in_flight) = cloned.map_err(|source| SpawnError::Clone { source })?;
+    // Every descriptor the child needs goes into a slot; until the child has its own table
+    // the slots hold them, so from here on every path empties the slots only after the
+    // child is done with the shared table.
+    let cloned = lend_to_slots(
+        slots,
+        image,
+        &request,
+        [&worker_end, &maps_read, &report_write, &unshared_write],
+        extra_args,
+    )
+    .and_then(|memory| {
+        let stack = children
+            .stack()
+            .map_err(parent("map a stack for the worker's child"))?;
+        let clone_started = std::time::Instant::now();
+        let (new_network, lent_network) = network.prepare(request.network, proc_dir)?;
+        let cloned = sys::clone_worker(
+            memory,
+            stack,
+            slots,
+            request.cgroup_dir.as_ref().map(AsRawFd::as_raw_fd),
+            new_network,
+        );
+        // Checked again before the next spawn makes anything.
+        let _ = network.go_home();
+        cloned
+            .map(|cloned| (cloned, clone_started, lent_network))
+            .map_err(|source| SpawnError::Clone { source })
+    });
+    let ((cloned, in_flight), clone_started, lent_network) = match cloned {
+        Ok(cloned) => cloned,
+        Err(error) => {
+            // No child: nobody shares the table.
+            slots.clear();
+            return Err(error);
+        }
+    };
     children.running.push(in_flight);
     let pid = cloned.pid;
-    let child = ChildProcess {
-        pidfd: Some(cloned.pidfd),
-    };
-    drop(worker_end);
-    drop(maps_read);
-    drop(report_write);
+    // The slots hold what the child needs; the supervisor's own copies go now.
+    drop((worker_end, maps_read, report_write, unshared_write));
 
     // Parent-side half of the handshake: sandbox root is an unprivileged host id; setgroups
     // is denied so the sandbox cannot drop supplementary groups to dodge group-deny ACLs.
+    // The child unshares its descriptor table meanwhile.
     let write = |file, contents: &str| write_proc_file(proc_dir, pid, file, contents);
     let maps = write("setgroups", "deny")
         .and_then(|()| write("uid_map", &format!("0 {} 1\n", mapping.host_uid)))
         .and_then(|()| write("gid_map", &format!("0 {} 1\n", mapping.host_gid)));
-    // On failure, dropping `child` kills and reaps the child (still waiting for release).
+    let unshared = sys::await_unshared(&unshared_read, &cloned.pidfd);
+    if unshared.is_ok() {
+        slots.clear();
+    }
+    let child = ChildProcess {
+        pidfd: Some(cloned.pidfd),
+    };
+    // On failure, dropping `child` kills and reaps the child (still waiting for release,
+    // which never comes: it cannot exec).
     maps?;
+    unshared.map_err(parent("wait for the worker's own descriptor table"))?;
     let cloned_us = clone_started.elapsed().as_micros() as u64;
     let mut release = File::from(maps_write);
     let _ = release.write_all(&[1]);
@@ -525,4 +550,61 @@ fn spawn_worker(
         exec_report: report_read,
         network: lent_network,
     })
+}
+
+/// Lends the image, the request's descriptors and `[socket, maps_read, report, unshared]`
+/// to slots, and prepares the child's memory with their numbers (the worker is told its
+/// socket's).
+fn lend_to_slots(
+    slots: &mut ChildSlots,
+    image: &WorkerImage,
+    request: &SpawnRequest,
+    [socket, maps_read, report, unshared]: [&OwnedFd; 4],
+    extra_args: &[String],
+) -> Result<Box<ChildMemory>, SpawnError> {
+    let mut lend = |fd: &dyn AsRawFd| {
+        slots
+            .lend(fd.as_raw_fd())
+            .map_err(|source| SpawnError::Parent {
+                operation: "lend a descriptor to the worker's child",
+                source,
+            })
+    };
+    let image = lend(&image.raw())?;
+    let join_cgroups = request
+        .join_cgroups
+        .iter()
+        .map(|fd| lend(fd))
+        .collect::<Result<Vec<_>, _>>()?;
+    let stdio = [
+        lend(&request.stdio[0])?,
+        lend(&request.stdio[1])?,
+        lend(&request.stdio[2])?,
+    ];
+    let socket = lend(socket)?;
+    let maps_written = lend(maps_read)?;
+    let report = lend(report)?;
+    let unshared = lend(unshared)?;
+    let argv = [
+        CString::new("airlock-worker"),
+        CString::new(WORKER_SOCKET_ARG_NAME),
+        CString::new(socket.to_string()),
+    ]
+    .into_iter()
+    .chain(extra_args.iter().map(|a| CString::new(a.as_str())))
+    .collect::<Result<Vec<_>, _>>()
+    .map_err(|e| SpawnError::Parent {
+        operation: "build the worker argv",
+        source: io::Error::other(e),
+    })?;
+    Ok(ChildMemory::new(
+        image,
+        argv,
+        join_cgroups,
+        maps_written,
+        stdio,
+        socket,
+        report,
+        unshared,
+    ))
 }

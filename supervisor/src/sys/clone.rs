@@ -16,8 +16,10 @@ use std::ffi::{CString, c_char};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use super::slots::{CLOSE_RANGE_UNSHARE, ChildSlots};
+
 /// Child steps, by number, as reported on the report pipe.
-pub const CHILD_STEPS: [&str; 8] = [
+pub const CHILD_STEPS: [&str; 9] = [
     "join cgroup",
     "wait for uid map",
     "setresgid",
@@ -26,6 +28,7 @@ pub const CHILD_STEPS: [&str; 8] = [
     "parent-death signal",
     "exec worker",
     "cgroup namespace",
+    "own descriptor table",
 ];
 
 /// clone3's CLONE_INTO_CGROUP (Linux 5.7); libc's constant is an overflowing i32.
@@ -62,22 +65,30 @@ pub struct ChildMemory {
     socket: RawFd,
     /// Write end of a close-on-exec pipe where the child reports the errno of a failed step.
     report: RawFd,
-    /// The parent's write end of that pipe, which the child gets a copy of at clone.
-    maps_release: RawFd,
+    /// Write end of a pipe where the child writes one byte once it has its own descriptor
+    /// table, so the parent may empty the slots again.
+    unshared: RawFd,
+    /// The slots the child keeps (every number above is one), ascending; set by
+    /// [`clone_worker`] once every descriptor is lent.
+    keep: Vec<RawFd>,
+    /// The lowest number above every slot: the child's private table starts as a copy of
+    /// the shared one below it.
+    first_unreserved: RawFd,
 }
 
 impl ChildMemory {
-    /// Descriptor numbers are the child's: it gets a copy of the parent's table at clone,
-    /// so the parent may close its own copies as soon as clone returns.
+    /// Descriptor numbers are slots of the spawner thread's [`ChildSlots`]: the child
+    /// shares the supervisor's table until it unshares it, keeping only the slots.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         image: RawFd,
         argv: Vec<CString>,
         join_cgroups: Vec<RawFd>,
-        (maps_written, maps_release): (RawFd, RawFd),
+        maps_written: RawFd,
         stdio: [RawFd; 3],
         socket: RawFd,
         report: RawFd,
+        unshared: RawFd,
     ) -> Box<Self> {
         let pointers = super::pointer_array(&argv);
         Box::new(Self {
@@ -90,7 +101,9 @@ impl ChildMemory {
             stdio,
             socket,
             report,
-            maps_release,
+            unshared,
+            keep: Vec::new(),
+            first_unreserved: 3,
         })
     }
 }
@@ -205,15 +218,26 @@ pub fn block_all_signals_in_this_thread() -> io::Result<()> {
 
 /// clone3 into fresh namespaces (optionally directly into a v2 cgroup); the child runs
 /// [`run_child`] on `memory` and `stack`, which the returned [`InFlightChild`] keeps.
+///
+/// The child shares the supervisor's descriptor table (`CLONE_FILES`) until its first
+/// steps give it a private one holding only `slots` (see [`ChildSlots`]): every
+/// descriptor `memory` names must already be lent to a slot, and the caller must not empty
+/// the slots before [`super::await_unshared`] has returned, nor on error before this
+/// function has.
 pub fn clone_worker(
-    memory: Box<ChildMemory>,
+    mut memory: Box<ChildMemory>,
     stack: ChildStack,
+    slots: &mut ChildSlots,
     cgroup_dir: Option<RawFd>,
     new_network_namespace: bool,
 ) -> io::Result<(Cloned, InFlightChild)> {
     let (gone_read, gone_write) = super::cloexec_pipe()?;
+    // The child's copy of the write end closes at its exec (or exit); the slot's copy
+    // closes when the slots are emptied.
+    slots.lend(gone_write.as_raw_fd())?;
+    (memory.keep, memory.first_unreserved) = slots.lent();
     let mut pidfd: libc::c_int = -1;
-    let mut flags = WORKER_NAMESPACES | libc::CLONE_PIDFD as u64;
+    let mut flags = WORKER_NAMESPACES | libc::CLONE_PIDFD as u64 | libc::CLONE_FILES as u64;
     if !new_network_namespace {
         // The spawning thread's: the host network (TCP narrowed by Landlock port rules,
         // abstract sockets by scoping), or the thread's shared empty namespace.
@@ -395,11 +419,8 @@ fn child_step(memory: &ChildMemory, step: u8, nr: i64, args: [i64; 3]) -> i64 {
 /// The child side: raw syscalls only, never returns.
 fn run_child(memory: &ChildMemory) -> ! {
     // A child whose supervisor dies before releasing it must not wait for its uid map
-    // forever, holding copies of the supervisor's descriptors: it dies with the spawning
-    // thread from the start (set again below: the credential change clears it), and it
-    // closes its own copy of the release pipe's write end, so the supervisor's death reads
-    // as EOF even if it came before the prctl.
-    child_syscall(libc::SYS_close, i64::from(memory.maps_release), 0, 0, 0, 0);
+    // forever: it dies with the spawning thread from the start (set again below: the
+    // credential change clears it).
     child_step(
         memory,
         5,
@@ -410,6 +431,41 @@ fn run_child(memory: &ChildMemory) -> ! {
             0,
         ],
     );
+    // 8 (numbered last, so the other steps keep their numbers). Its own descriptor table,
+    // before any descriptor is closed or replaced: until now the table is the supervisor's
+    // own. Only the numbers below the slots are copied (the supervisor's table may hold
+    // thousands); the rest of the range is then closed in the copy alone.
+    child_step(
+        memory,
+        8,
+        libc::SYS_close_range,
+        [
+            i64::from(memory.first_unreserved),
+            i64::from(u32::MAX),
+            CLOSE_RANGE_UNSHARE,
+        ],
+    );
+    let byte = 1u8;
+    let wrote = child_step(
+        memory,
+        8,
+        libc::SYS_write,
+        [i64::from(memory.unshared), (&byte as *const u8) as i64, 1],
+    );
+    if wrote != 1 {
+        child_fail(memory, 8, i64::from(libc::EIO));
+    }
+    // The copy's other low numbers are the supervisor's (one of them possibly the write
+    // end of the uid-map handshake, whose closing must read as EOF here): closed, so the
+    // table holds only the slots. From here on the parent may empty its slots.
+    let mut next: i64 = 0;
+    for fd in &memory.keep {
+        let fd = i64::from(*fd);
+        if fd > next {
+            child_step(memory, 8, libc::SYS_close_range, [next, fd - 1, 0]);
+        }
+        next = fd + 1;
+    }
     // 0. Join the worker's cgroups first, so everything the worker does is accounted.
     for fd in &memory.join_cgroups {
         let written = child_step(

@@ -4,6 +4,7 @@
 mod clone;
 mod netns;
 mod notify;
+mod slots;
 
 pub use clone::{
     CHILD_STEPS, ChildMemory, ChildStack, InFlightChild, block_all_signals_in_this_thread,
@@ -16,6 +17,7 @@ pub use notify::{
     ListenerState, Notification, continue_notification, is_seccomp_listener, notification_valid,
     poll_listener, read_tool_memory, receive_notification, refuse_notification, stat_in_root,
 };
+pub use slots::{ChildSlots, await_unshared};
 
 use std::ffi::{CStr, CString};
 use std::io;

@@ -5,9 +5,9 @@
 //! One binary is one process, and libtest runs tests of different modules at the same time.
 //! Some tests observe what belongs to the whole process, which every other test disturbs —
 //! its children, its worker cgroups, its descriptors — or change what the others rely on,
-//! its environment: `abandon`, `cleanup`, `soak` and `escape_pooled`. So every test begins
-//! by taking the suite's lock: those alone (`airlock_tests::exclusive()`), every other one
-//! shared (`airlock_tests::shared()`). `suite_rules` fails the suite when a test does not
+//! its environment: `abandon`, `cleanup`, `soak`, `escape_pooled` and `spawn`. So every
+//! test begins by taking the suite's lock: those alone (`airlock_tests::exclusive()`),
+//! every other one shared (`airlock_tests::shared()`). `suite_rules` fails the suite when a test does not
 //! begin so, or when a file here is not one of its modules.
 
 mod abandon;
@@ -39,6 +39,7 @@ mod session_pool;
 mod session_settings;
 mod soak;
 mod source_layout;
+mod spawn;
 mod suite_rules;
 mod tool_contract;
 mod workspace;

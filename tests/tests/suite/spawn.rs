@@ -1,0 +1,101 @@
+//! Starting workers: what a new worker is handed does not grow with what the supervisor
+//! holds.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+
+use airlock::SandboxRun;
+use airlock_policy::load_policy_str;
+use airlock_tests::{HANG_GUARD, added_since, our_children, sandbox_available, wait_until_async};
+
+/// `FDSize` of a process: how many descriptors its table has room for, which never shrinks.
+fn descriptor_table_size(pid: &str) -> Option<usize> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("FDSize:"))
+        .and_then(|size| size.trim().parse().ok())
+}
+
+/// Raises this process's soft descriptor limit to its hard one; returns the new limit.
+fn raise_descriptor_limit() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the valid struct given.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(got, 0);
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: setrlimit reads one valid rlimit; raising the soft limit to the hard one is
+    // always permitted.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_gets_a_small_descriptor_table_however_many_the_supervisor_holds() {
+    let _guard = airlock_tests::exclusive();
+    // Exclusive: it counts this process's children, and its thousand descriptors would
+    // sit below every other test's.
+    if !sandbox_available() {
+        return;
+    }
+    let text = airlock_policy::presets::preset_text("default").unwrap();
+    let policy = load_policy_str(text, "default").unwrap().policy;
+    let profile = Arc::clone(&policy.profiles["default"]);
+    let supervisor = Arc::new(airlock_tests::supervisor());
+    supervisor.keep_warm(Arc::clone(&profile), 1);
+    wait_until_async("the pool is warm", || supervisor.pool_stats().idle == 1).await;
+
+    // A thousand descriptors, as a daemon with a few hundred calls in flight holds, or as
+    // many as the hard limit leaves room for (the kernel matrix's VM allows 1,024). Before,
+    // every new worker's child got a copy of the whole table (and closed it again at exec),
+    // so its table had room for at least as many.
+    let limit = raise_descriptor_limit();
+    let count = 1000.min(limit.saturating_sub(200));
+    assert!(
+        count > 256,
+        "a descriptor limit of {limit} leaves no room for the test"
+    );
+    let held: Vec<std::fs::File> = (0..count)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let children_before = our_children();
+    // Taking the pooled worker makes the pool clone its replacement now.
+    let result = supervisor
+        .run(
+            SandboxRun {
+                call_id: "fds".into(),
+                tool: "exec".into(),
+                profile: Arc::clone(&profile),
+                argv: vec!["/bin/true".into()],
+                stdin: Vec::new(),
+                arguments_json: "{}".into(),
+                timeout: HANG_GUARD,
+                inherit_stdio: None,
+                builtin: None,
+            },
+            None,
+        )
+        .await;
+    assert!(result.ok, "{result:?}");
+    wait_until_async("the pool is refilled", || {
+        let stats = supervisor.pool_stats();
+        stats.hits == 1 && stats.idle == 1
+    })
+    .await;
+    let new_children = added_since(&children_before, our_children());
+    assert!(!new_children.is_empty(), "no worker was cloned");
+    for pid in &new_children {
+        // A child that already ended has no status to read.
+        if let Some(size) = descriptor_table_size(pid) {
+            assert!(
+                size < count,
+                "worker {pid} has room for {size} descriptors: it was given the supervisor's table"
+            );
+        }
+    }
+    drop(held);
+    supervisor.close().await;
+}
