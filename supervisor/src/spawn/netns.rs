@@ -86,8 +86,13 @@ impl LentNamespace {
 impl NamespaceShelf {
     /// Moves the calling spawner thread into an empty network namespace for its next worker
     /// alone: a clean idle one, else a new one. `None` when neither worked; the thread may
-    /// then be in any namespace, so the worker must get a fresh one from clone.
-    pub(crate) fn enter_one(self: &Arc<Self>, proc_dir: &OwnedFd) -> Option<LentNamespace> {
+    /// then be in any namespace, so the worker must get a fresh one from clone. `moved` is
+    /// set when the thread left the namespace it was in.
+    pub(crate) fn enter_one(
+        self: &Arc<Self>,
+        proc_dir: &OwnedFd,
+        moved: &mut bool,
+    ) -> Option<LentNamespace> {
         loop {
             let taken = self
                 .idle
@@ -95,8 +100,10 @@ impl NamespaceShelf {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .pop();
             let Some(namespace) = taken else { break };
-            let entered = sys::enter_network_namespace(&namespace)
-                .and_then(|()| sys::thread_network_has_unix_sockets(proc_dir));
+            let entered = sys::enter_network_namespace(&namespace).and_then(|()| {
+                *moved = true;
+                sys::thread_network_has_unix_sockets(proc_dir)
+            });
             match entered {
                 Ok(false) => {
                     self.counts.reused.fetch_add(1, Ordering::Relaxed);
@@ -113,8 +120,10 @@ impl NamespaceShelf {
         if self.unavailable.load(Ordering::Relaxed) {
             return None;
         }
-        let made = sys::unshare_network_namespace()
-            .and_then(|()| sys::open_thread_network_namespace(proc_dir));
+        let made = sys::unshare_network_namespace().and_then(|()| {
+            *moved = true;
+            sys::open_thread_network_namespace(proc_dir)
+        });
         match made {
             Ok(namespace) => {
                 self.counts.made.fetch_add(1, Ordering::Relaxed);
@@ -180,7 +189,7 @@ mod tests {
         }
         let shelf = Arc::new(NamespaceShelf::default());
         let s = Arc::clone(&shelf);
-        let first = on_own_thread(move |proc_dir| s.enter_one(proc_dir)).unwrap();
+        let first = on_own_thread(move |proc_dir| s.enter_one(proc_dir, &mut false)).unwrap();
         // A worker still running: the namespace is dropped, not shelved.
         let mut running = std::process::Command::new("sleep")
             .arg("60")
@@ -193,18 +202,18 @@ mod tests {
         assert_eq!(shelf.idle.lock().unwrap().len(), 0);
         // No pidfd at all: dropped too.
         let s = Arc::clone(&shelf);
-        on_own_thread(move |proc_dir| s.enter_one(proc_dir))
+        on_own_thread(move |proc_dir| s.enter_one(proc_dir, &mut false))
             .unwrap()
             .give_back(None);
         assert_eq!(shelf.idle.lock().unwrap().len(), 0);
         // Reaped: shelved, and the next worker gets it.
         let s = Arc::clone(&shelf);
-        on_own_thread(move |proc_dir| s.enter_one(proc_dir))
+        on_own_thread(move |proc_dir| s.enter_one(proc_dir, &mut false))
             .unwrap()
             .give_back(Some(&reaped_child()));
         assert_eq!(shelf.idle.lock().unwrap().len(), 1);
         let s = Arc::clone(&shelf);
-        let again = on_own_thread(move |proc_dir| s.enter_one(proc_dir));
+        let again = on_own_thread(move |proc_dir| s.enter_one(proc_dir, &mut false));
         assert!(again.is_some());
         assert_eq!(
             shelf.counts(),
@@ -227,7 +236,7 @@ mod tests {
         // A socket made inside the namespace and kept open (here by this test, as a socket
         // in flight would be kept by the kernel's queue) outlives its "worker".
         let (lent, socket) = on_own_thread(move |proc_dir| {
-            let lent = s.enter_one(proc_dir).unwrap();
+            let lent = s.enter_one(proc_dir, &mut false).unwrap();
             let socket = std::os::unix::net::UnixDatagram::unbound().unwrap();
             (lent, socket)
         });
@@ -235,7 +244,7 @@ mod tests {
         assert_eq!(shelf.idle.lock().unwrap().len(), 1);
         let s = Arc::clone(&shelf);
         let (next, inode, sockets) = on_own_thread(move |proc_dir| {
-            let next = s.enter_one(proc_dir).unwrap();
+            let next = s.enter_one(proc_dir, &mut false).unwrap();
             let inode = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
             let sockets = sys::thread_network_has_unix_sockets(proc_dir).unwrap();
             (next, inode, sockets)

@@ -358,10 +358,13 @@ impl ThreadNetwork {
         match network {
             WorkerNetwork::Fresh => Ok((true, None)),
             WorkerNetwork::Recycled if self.home.is_some() => {
-                self.away = true;
                 // Cloned without CLONE_NEWNET only into a namespace entered just now for
-                // this worker; on any failure a fresh one.
-                Ok(match self.shelf.enter_one(proc_dir) {
+                // this worker; on any failure a fresh one. Where nothing moved the thread
+                // (an unprivileged supervisor), it has no way back to ask for, nor needs one.
+                let mut moved = false;
+                let entered = self.shelf.enter_one(proc_dir, &mut moved);
+                self.away |= moved;
+                Ok(match entered {
                     Some(lent) => (false, Some(lent)),
                     None => (true, None),
                 })
