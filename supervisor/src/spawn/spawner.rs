@@ -34,6 +34,8 @@ struct SpawnerThreads {
     /// What a template's spawner thread needs too.
     image: std::sync::Arc<WorkerImage>,
     shelf: std::sync::Arc<NamespaceShelf>,
+    /// Slots for template threads, reserved with the others.
+    spare_slots: std::sync::Arc<SpareSlots>,
     mapping: IdMapping,
     extra_args: std::sync::Arc<Vec<String>>,
 }
@@ -97,6 +99,7 @@ impl SpawnerThread {
         extra_args: std::sync::Arc<Vec<String>>,
         namespaces: ThreadNamespaces,
         shelf: std::sync::Arc<NamespaceShelf>,
+        spares: Option<std::sync::Arc<SpareSlots>>,
     ) -> Result<Self, SpawnError> {
         let (requests, receiver) = mpsc::channel::<(SpawnRequest, Reply, SpawnInFlight)>();
         let (started, is_started) = mpsc::sync_channel::<io::Result<()>>(1);
@@ -107,7 +110,11 @@ impl SpawnerThread {
                 // mount namespace `/proc` is the template's, where the workers' pids are not.
                 // The slots too (their placeholder is the host's /dev/null), as early as
                 // possible, while the numbers are low.
-                let mut slots = match ChildSlots::reserve() {
+                let reserved = match spares.as_ref().and_then(|spares| spares.take()) {
+                    Some(slots) => Ok(slots),
+                    None => ChildSlots::reserve(),
+                };
+                let mut slots = match reserved {
                     Ok(slots) => slots,
                     Err(error) => {
                         let _ = started.send(Err(error));
@@ -186,6 +193,9 @@ impl SpawnerThread {
                     children.collect();
                 }
                 children.finish_all();
+                if let Some(spares) = spares {
+                    spares.give_back(slots);
+                }
             })
             .map_err(|source| SpawnError::Parent {
                 operation: "start a spawner thread",
@@ -248,6 +258,7 @@ impl Spawner {
             std::sync::Arc::clone(&extra_args),
             ThreadNamespaces::Own,
             std::sync::Arc::clone(&shelf),
+            None,
         )?;
         let shared_network = if share_network_namespace {
             match SpawnerThread::start(
@@ -257,6 +268,7 @@ impl Spawner {
                 std::sync::Arc::clone(&extra_args),
                 ThreadNamespaces::NewNetwork,
                 std::sync::Arc::clone(&shelf),
+                None,
             ) {
                 Ok(thread) => Some(thread),
                 Err(error) => {
@@ -267,12 +279,16 @@ impl Spawner {
         } else {
             None
         };
+        // Template threads start later, when a busy daemon may hold thousands of
+        // descriptors: their slots are reserved now, while the numbers are low.
+        let spare_slots = std::sync::Arc::new(SpareSlots::reserve());
         Ok(Self {
             inner: std::sync::Arc::new(SpawnerThreads {
                 own,
                 shared_network,
                 image,
                 shelf,
+                spare_slots,
                 mapping,
                 extra_args,
             }),
@@ -306,6 +322,7 @@ impl Spawner {
                 network: network == WorkerNetwork::Shared,
             },
             std::sync::Arc::clone(&inner.shelf),
+            Some(std::sync::Arc::clone(&inner.spare_slots)),
         )?;
         Ok(TemplateSpawner { thread })
     }
@@ -334,6 +351,45 @@ impl Spawner {
     /// What the shelf of recycled network namespaces did so far.
     pub fn network_namespace_counts(&self) -> NamespaceCounts {
         self.inner.shelf.counts()
+    }
+}
+
+/// Slot sets reserved when the supervisor starts, for the template threads started later
+/// (one per profile with a root template; a thread whose set is gone reserves its own).
+#[derive(Debug)]
+struct SpareSlots(std::sync::Mutex<Vec<ChildSlots>>);
+
+/// Template threads that get low slots; more are rare (a policy of many pooled profiles).
+const SPARE_SLOT_SETS: usize = 4;
+
+impl SpareSlots {
+    fn reserve() -> Self {
+        Self(std::sync::Mutex::new(
+            (0..SPARE_SLOT_SETS)
+                .map_while(|_| ChildSlots::reserve().ok())
+                .collect(),
+        ))
+    }
+
+    fn take(&self) -> Option<ChildSlots> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop()
+    }
+
+    /// Keeps an ended thread's set for the next template thread. Only an empty one: a set
+    /// still holding a lent descriptor is dropped with it.
+    fn give_back(&self, slots: ChildSlots) {
+        if slots.is_empty() {
+            let mut spares = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if spares.len() < SPARE_SLOT_SETS {
+                spares.push(slots);
+            }
+        }
     }
 }
 

@@ -80,6 +80,11 @@ impl ChildSlots {
         Ok(slot)
     }
 
+    /// Whether no slot holds a lent descriptor.
+    pub fn is_empty(&self) -> bool {
+        self.lent == 0
+    }
+
     /// The lent slots' numbers, ascending, and the lowest number above every slot: what
     /// the child keeps, and where its `close_range` starts.
     pub fn lent(&self) -> (Vec<RawFd>, RawFd) {

@@ -99,3 +99,44 @@ async fn a_worker_gets_a_small_descriptor_table_however_many_the_supervisor_hold
     drop(held);
     supervisor.close().await;
 }
+
+/// The same for a pool whose root template is made while the supervisor already holds a
+/// thousand descriptors: its spawner thread starts then, and takes slots reserved when the
+/// supervisor started, so its workers too get a small table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_made_late_still_gives_its_workers_a_small_descriptor_table() {
+    let _guard = airlock_tests::exclusive();
+    if !sandbox_available() {
+        return;
+    }
+    let text = airlock_policy::presets::preset_text("default").unwrap();
+    let policy = load_policy_str(text, "default").unwrap().policy;
+    let profile = Arc::clone(&policy.profiles["default"]);
+    let supervisor = Arc::new(airlock_tests::supervisor());
+    let limit = raise_descriptor_limit();
+    let count = 1000.min(limit.saturating_sub(200));
+    assert!(
+        count > 256,
+        "a descriptor limit of {limit} leaves no room for the test"
+    );
+    let held: Vec<std::fs::File> = (0..count)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let children_before = our_children();
+    // The pool's first worker makes the profile's template (where this supervisor can)
+    // and is cloned by its thread.
+    supervisor.keep_warm(Arc::clone(&profile), 1);
+    wait_until_async("the pool is warm", || supervisor.pool_stats().idle == 1).await;
+    let new_children = added_since(&children_before, our_children());
+    assert!(!new_children.is_empty(), "no worker was cloned");
+    for pid in &new_children {
+        if let Some(size) = descriptor_table_size(pid) {
+            assert!(
+                size < count,
+                "worker {pid} has room for {size} descriptors: it was given the supervisor's table"
+            );
+        }
+    }
+    drop(held);
+    supervisor.close().await;
+}
