@@ -33,6 +33,35 @@ fn raise_descriptor_limit() -> usize {
     usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
 }
 
+/// A thousand descriptors held open, as a daemon with a few hundred calls in flight holds,
+/// or as many as the hard limit leaves room for (the kernel matrix's VM allows 1,024).
+fn hold_many_descriptors() -> Vec<std::fs::File> {
+    let limit = raise_descriptor_limit();
+    let count = 1000.min(limit.saturating_sub(200));
+    assert!(
+        count > 256,
+        "a descriptor limit of {limit} leaves no room for the test"
+    );
+    (0..count)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect()
+}
+
+/// Every newly cloned worker has a table with room for fewer than `held` descriptors: it
+/// was not given a copy of the supervisor's.
+fn assert_small_tables(new_children: &[String], held: usize) {
+    assert!(!new_children.is_empty(), "no worker was cloned");
+    for pid in new_children {
+        // A child that already ended has no status to read.
+        if let Some(size) = descriptor_table_size(pid) {
+            assert!(
+                size < held,
+                "worker {pid} has room for {size} descriptors: it was given the supervisor's table"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_gets_a_small_descriptor_table_however_many_the_supervisor_holds() {
     let _guard = airlock_tests::exclusive();
@@ -48,19 +77,10 @@ async fn a_worker_gets_a_small_descriptor_table_however_many_the_supervisor_hold
     supervisor.keep_warm(Arc::clone(&profile), 1);
     wait_until_async("the pool is warm", || supervisor.pool_stats().idle == 1).await;
 
-    // A thousand descriptors, as a daemon with a few hundred calls in flight holds, or as
-    // many as the hard limit leaves room for (the kernel matrix's VM allows 1,024). Before,
-    // every new worker's child got a copy of the whole table (and closed it again at exec),
-    // so its table had room for at least as many.
-    let limit = raise_descriptor_limit();
-    let count = 1000.min(limit.saturating_sub(200));
-    assert!(
-        count > 256,
-        "a descriptor limit of {limit} leaves no room for the test"
-    );
-    let held: Vec<std::fs::File> = (0..count)
-        .map(|_| std::fs::File::open("/dev/null").unwrap())
-        .collect();
+    // Before, every new worker's child got a copy of the whole table (and closed it again
+    // at exec), so its table had room for at least as many.
+    let held = hold_many_descriptors();
+    let count = held.len();
     let children_before = our_children();
     // Taking the pooled worker makes the pool clone its replacement now.
     let result = supervisor
@@ -85,17 +105,7 @@ async fn a_worker_gets_a_small_descriptor_table_however_many_the_supervisor_hold
         stats.hits == 1 && stats.idle == 1
     })
     .await;
-    let new_children = added_since(&children_before, our_children());
-    assert!(!new_children.is_empty(), "no worker was cloned");
-    for pid in &new_children {
-        // A child that already ended has no status to read.
-        if let Some(size) = descriptor_table_size(pid) {
-            assert!(
-                size < count,
-                "worker {pid} has room for {size} descriptors: it was given the supervisor's table"
-            );
-        }
-    }
+    assert_small_tables(&added_since(&children_before, our_children()), count);
     drop(held);
     supervisor.close().await;
 }
@@ -113,30 +123,14 @@ async fn a_template_made_late_still_gives_its_workers_a_small_descriptor_table()
     let policy = load_policy_str(text, "default").unwrap().policy;
     let profile = Arc::clone(&policy.profiles["default"]);
     let supervisor = Arc::new(airlock_tests::supervisor());
-    let limit = raise_descriptor_limit();
-    let count = 1000.min(limit.saturating_sub(200));
-    assert!(
-        count > 256,
-        "a descriptor limit of {limit} leaves no room for the test"
-    );
-    let held: Vec<std::fs::File> = (0..count)
-        .map(|_| std::fs::File::open("/dev/null").unwrap())
-        .collect();
+    let held = hold_many_descriptors();
+    let count = held.len();
     let children_before = our_children();
     // The pool's first worker makes the profile's template (where this supervisor can)
     // and is cloned by its thread.
     supervisor.keep_warm(Arc::clone(&profile), 1);
     wait_until_async("the pool is warm", || supervisor.pool_stats().idle == 1).await;
-    let new_children = added_since(&children_before, our_children());
-    assert!(!new_children.is_empty(), "no worker was cloned");
-    for pid in &new_children {
-        if let Some(size) = descriptor_table_size(pid) {
-            assert!(
-                size < count,
-                "worker {pid} has room for {size} descriptors: it was given the supervisor's table"
-            );
-        }
-    }
+    assert_small_tables(&added_since(&children_before, our_children()), count);
     drop(held);
     supervisor.close().await;
 }
