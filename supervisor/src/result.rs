@@ -266,6 +266,9 @@ pub struct Isolation {
     pub limits: AppliedLimits,
     /// Which layers' refusals the call's `denials` can show.
     pub denial_reporting: DenialReporting,
+    /// For a call in a session: how its workspace holds the session's base (`overlay`,
+    /// `copy`, or `empty` when it has none).
+    pub workspace: Option<String>,
 }
 
 impl Default for Isolation {
@@ -279,6 +282,7 @@ impl Default for Isolation {
             cgroup: None,
             limits: AppliedLimits::default(),
             denial_reporting: DenialReporting::default(),
+            workspace: None,
         }
     }
 }
@@ -506,6 +510,7 @@ mod tests {
             "isolation.limits.timeout_ms",
             "isolation.namespaces",
             "isolation.seccomp",
+            "isolation.workspace",
             "network",
             "network.bytes_down",
             "network.bytes_up",

@@ -103,6 +103,8 @@ export interface Isolation {
   cgroup: "v1" | "v2" | null;
   limits: IsolationLimits;
   denial_reporting: DenialReporting;
+  /** For a call in a session: how its workspace holds the session's base. */
+  workspace: "overlay" | "copy" | "empty" | null;
 }
 
 /** One kind of refusal during a call, counted: which layer refused what. */
@@ -283,7 +285,7 @@ export interface ToolsAnswer {
 export interface SessionOpenAnswer {
   session: string;
   expires_at: number;
-  isolation: "copy" | "empty";
+  isolation: "overlay" | "copy" | "empty";
   size: number;
 }
 

@@ -1,7 +1,7 @@
-//! A workspace against its base: the copy made when a session opens, and what a tool
-//! added, modified and deleted since.
+//! A workspace against its base: the copy made when a session opens (where no overlay
+//! shows the base), and what a tool added, modified and deleted since.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::fd::BorrowedFd;
 
@@ -92,10 +92,19 @@ pub fn changes(
         Some(base) => files(base, max_entries)?,
         None => BTreeMap::new(),
     };
-    // The copy leaves out the base's FIFOs, sockets and devices: not changes of the tool.
+    // A copy leaves out the base's FIFOs, sockets and devices and an overlay shows them
+    // as they are: either way, not changes of the tool.
+    let special: BTreeSet<String> = before
+        .iter()
+        .filter(|(_, e)| e.kind == Kind::Other)
+        .map(|(path, _)| path.clone())
+        .collect();
     before.retain(|_, e| e.kind != Kind::Other);
     let mut out = Vec::new();
     for (path, entry) in &now {
+        if entry.kind == Kind::Other && special.contains(path) {
+            continue;
+        }
         let kind = match before.get(path) {
             None => Some(ChangeKind::Added),
             Some(old) if differs(workspace, entry, base, old) => Some(ChangeKind::Modified),

@@ -14,6 +14,7 @@
 //! is built once per (session, profile) and reused by its calls.
 
 mod changes;
+mod overlay;
 mod storage;
 mod tree;
 mod workers;
@@ -118,7 +119,8 @@ pub struct Opened {
     pub session: String,
     /// When it expires unless used before, milliseconds since the Unix epoch.
     pub expires_at: u64,
-    /// `copy`: the base was copied into it; `empty`: it started empty (no base).
+    /// `overlay`: the base is seen through an overlay (read-only beneath, writes kept in
+    /// the session); `copy`: the base was copied into it; `empty`: it started empty.
     pub isolation: &'static str,
     /// Its size limit, bytes.
     pub size: u64,
@@ -153,7 +155,9 @@ struct EndedSessions {
 #[derive(Debug)]
 struct Session {
     storage: Storage,
-    /// The host directory it was copied from (canonical).
+    /// How its workspace holds its base: `overlay`, `copy` or `empty`.
+    isolation: &'static str,
+    /// The host directory it started from.
     base: Option<Base>,
     inodes: u64,
     state: Mutex<SessionState>,
@@ -284,19 +288,11 @@ impl Sessions {
                 });
             }
         }
-        let storage = self
-            .state
-            .create(&name, size, policy.max_inodes)
-            .map_err(SessionError::storage(OP))?;
-        if let Some(base) = &base
-            && let Err(error) = self.copy_base(&storage, base, policy, size)
-        {
-            let _ = storage.remove();
-            return Err(error);
-        }
+        let (storage, isolation) = self.make_storage(&name, base.as_ref(), policy, size)?;
         let now = self.clock.now();
         let session = Arc::new(Session {
             storage,
+            isolation,
             base,
             inodes: policy.max_inodes,
             state: Mutex::new(SessionState {
@@ -309,11 +305,6 @@ impl Sessions {
                 ended: false,
             }),
         });
-        let isolation = if session.base.is_some() {
-            "copy"
-        } else {
-            "empty"
-        };
         {
             let mut table = self.table();
             if table.len() >= policy.max_sessions {
@@ -334,6 +325,46 @@ impl Sessions {
         })
     }
 
+    /// A session's directory, holding its base: under an overlay where the supervisor can
+    /// make one (as root, on a kernel and filesystem that allow it), else a copy.
+    fn make_storage(
+        &self,
+        name: &str,
+        base: Option<&Base>,
+        policy: &SessionPolicy,
+        size: u64,
+    ) -> Result<(Storage, &'static str), SessionError> {
+        const OP: &str = "session_open";
+        let create = || {
+            self.state
+                .create(name, size, policy.max_inodes)
+                .map_err(SessionError::storage(OP))
+        };
+        let mut storage = create()?;
+        let Some(base) = base else {
+            return Ok((storage, "empty"));
+        };
+        if let Some(owner) = self.state.owner {
+            let base_fd = base.open().map_err(SessionError::storage(OP))?;
+            match overlay::mount(&storage.path, &base_fd, owner) {
+                Ok(merged) => {
+                    storage.workspace = merged;
+                    return Ok((storage, "overlay"));
+                }
+                Err(error) => {
+                    tracing::info!(%error, "the base is copied: no overlay over it");
+                    storage.remove().map_err(SessionError::storage(OP))?;
+                    storage = create()?;
+                }
+            }
+        }
+        if let Err(error) = self.copy_base(&storage, base, policy, size) {
+            let _ = storage.remove();
+            return Err(error);
+        }
+        Ok((storage, "copy"))
+    }
+
     fn copy_base(
         &self,
         storage: &Storage,
@@ -343,7 +374,7 @@ impl Sessions {
     ) -> Result<(), SessionError> {
         const OP: &str = "session_open";
         let base_fd = base.open().map_err(SessionError::storage(OP))?;
-        let root = tree::open_root(&storage.path).map_err(SessionError::storage(OP))?;
+        let root = tree::open_root(&storage.workspace).map_err(SessionError::storage(OP))?;
         changes::copy_base(
             base_fd.as_fd(),
             root.as_fd(),
@@ -473,7 +504,8 @@ impl Sessions {
         {
             return Err(SessionError::Full { op: OP });
         }
-        let root = tree::open_root(&session.storage.path).map_err(SessionError::storage(OP))?;
+        let root =
+            tree::open_root(&session.storage.workspace).map_err(SessionError::storage(OP))?;
         tree::write_file(root.as_fd(), path, content, 0o644, self.state.owner)
             .map_err(SessionError::written(OP))
     }
@@ -488,7 +520,8 @@ impl Sessions {
         const OP: &str = "get_file";
         tree::check_relative(path).map_err(|r| SessionError::invalid(OP, r))?;
         let session = self.get(policy, OP, id)?;
-        let root = tree::open_root(&session.storage.path).map_err(SessionError::storage(OP))?;
+        let root =
+            tree::open_root(&session.storage.workspace).map_err(SessionError::storage(OP))?;
         tree::read_file(root.as_fd(), path, MAX_GET_BYTES).map_err(|e| match e {
             tree::ReadError::Io(source) => SessionError::Storage { op: OP, source },
             other => SessionError::invalid(OP, other.to_string()),
@@ -499,7 +532,8 @@ impl Sessions {
     pub fn changes(&self, policy: &SessionPolicy, id: &str) -> Result<Vec<Change>, SessionError> {
         const OP: &str = "changes";
         let session = self.get(policy, OP, id)?;
-        let root = tree::open_root(&session.storage.path).map_err(SessionError::storage(OP))?;
+        let root =
+            tree::open_root(&session.storage.workspace).map_err(SessionError::storage(OP))?;
         let base = session
             .base
             .as_ref()
@@ -622,7 +656,7 @@ impl Sessions {
                 .find(|(p, _)| Arc::ptr_eq(p, profile))
                 .map(|(_, with)| Arc::clone(with));
             known.unwrap_or_else(|| {
-                let source = session.storage.path.to_string_lossy();
+                let source = session.storage.workspace.to_string_lossy();
                 let with = Arc::new(airlock_policy::compile::with_workspace(profile, &source));
                 // Bounded by the policy's profiles; a reloaded policy brings new ones, and
                 // the workers kept for those it dropped go.
@@ -755,6 +789,9 @@ pub struct SessionCall {
 impl SessionCall {
     /// Makes a call that ran out of room in the workspace a typed `workspace_full`.
     pub fn finish(&self, result: &mut ToolResult) {
+        if let Some(isolation) = &mut result.isolation {
+            isolation.workspace = Some(self.session.isolation.to_string());
+        }
         // Only a tool's own failure (or success) is explained by a full workspace: a
         // timeout, a kill or a refusal keeps its kind.
         let tool_outcome = result.ok

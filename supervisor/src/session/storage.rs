@@ -91,6 +91,7 @@ impl StateDir {
         std::fs::create_dir(&path)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
         let storage = Storage {
+            workspace: path.clone(),
             path,
             mounted: self.owner.is_some(),
             size,
@@ -118,6 +119,9 @@ impl StateDir {
 #[derive(Debug)]
 pub(super) struct Storage {
     pub(super) path: PathBuf,
+    /// What the session's calls and the gateway see: `path` itself, or the merged view of
+    /// an overlay inside it.
+    pub(super) workspace: PathBuf,
     mounted: bool,
     size: u64,
     inodes: u64,

@@ -2,6 +2,7 @@
 //! ([`clone`]), pidfds. Every `unsafe` block of the supervisor is here, with its invariant.
 
 mod clone;
+mod idmap;
 mod netns;
 mod notify;
 mod slots;
@@ -10,6 +11,7 @@ pub use clone::{
     CHILD_STEPS, ChildMemory, ChildStack, InFlightChild, block_all_signals_in_this_thread,
     clone_worker,
 };
+pub use idmap::{attach_mount, detached_read_only_view, mapping_namespace};
 pub use netns::{
     enter_network_namespace, open_thread_network_namespace, thread_network_has_unix_sockets,
 };

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -155,6 +155,32 @@ impl Client {
 
 fn error_kind(answer: &Value) -> &str {
     answer["error"]["kind"].as_str().unwrap_or("")
+}
+
+/// How a session must hold a base at `base` here, where that is certain: a copy for an
+/// unprivileged daemon; as root an overlay, whose idmapped lower layer needs a filesystem
+/// that allows idmapped mounts (ext4, xfs, btrfs; tmpfs from Linux 6.3).
+fn expected_view(base: &Path) -> Option<&'static str> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("copy");
+    }
+    let path = std::ffi::CString::new(base.display().to_string()).unwrap();
+    // SAFETY: an all-zero statfs is a valid value of a plain C struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs fills the struct it is given from a NUL-terminated path.
+    assert_eq!(unsafe { libc::statfs(path.as_ptr(), &mut fs) }, 0);
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut version = release.trim().split(['.', '-']);
+    let major: u32 = version.next().unwrap().parse().unwrap();
+    let minor: u32 = version.next().unwrap().parse().unwrap();
+    let idmaps_tmpfs = (major, minor) >= (6, 3);
+    match fs.f_type {
+        libc::EXT4_SUPER_MAGIC | libc::XFS_SUPER_MAGIC => Some("overlay"),
+        libc::TMPFS_MAGIC if idmaps_tmpfs => Some("overlay"),
+        libc::TMPFS_MAGIC => Some("copy"),
+        _ => None,
+    }
 }
 
 fn stdout(result: &Value) -> &str {
@@ -310,10 +336,14 @@ fn the_base_is_never_modified_and_changes_lists_exactly_the_edits() {
 
     let mut client = fixture.client();
     let opened = client.open(json!({"base": base.display().to_string()}));
-    assert_eq!(opened["result"]["isolation"], "copy", "{opened}");
+    let view = opened["result"]["isolation"].as_str().unwrap_or_default();
+    if let Some(expected) = expected_view(&base) {
+        assert_eq!(view, expected, "{opened}");
+    }
     let s = opened["result"]["session"].as_str().unwrap().to_string();
     let seen = client.sh(&s, "cat edit.txt sub/keep.txt link");
     assert_eq!(stdout(&seen), "before\nkept\nkept\n", "{seen}");
+    assert_eq!(seen["isolation"]["workspace"], view, "{seen}");
     let edit = client.sh(
         &s,
         "echo after > edit.txt && rm delete.txt && echo new > sub/new.txt",
@@ -343,6 +373,99 @@ fn the_base_is_never_modified_and_changes_lists_exactly_the_edits() {
         error_kind(&client.open(json!({"base": dotted}))),
         "invalid_request"
     );
+}
+
+#[test]
+fn sessions_over_one_base_keep_their_writes_apart_and_the_base_untouched() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let fixture = Fixture::start();
+    let base = fixture.bases.0.join("shared");
+    std::fs::create_dir_all(base.join("src")).unwrap();
+    std::fs::write(base.join("src/main.c"), "int main;\n").unwrap();
+    std::fs::write(base.join("theirs.txt"), "another owner's\n").unwrap();
+    std::os::unix::fs::chown(base.join("theirs.txt"), Some(4321), Some(4321)).unwrap();
+    let fifo = std::ffi::CString::new(base.join("pipe").display().to_string()).unwrap();
+    // SAFETY: mkfifo on a NUL-terminated path we own.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o666) }, 0);
+    // The host's end of the base's FIFO, open before any call: nothing a tool writes to
+    // its workspace's `pipe` may arrive here.
+    let host_end = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(base.join("pipe"))
+        .unwrap();
+    let before = snapshot(&base);
+
+    let mut client = fixture.client();
+    let opened = client.open(json!({"base": base.display().to_string(), "size": "256KiB"}));
+    let view = opened["result"]["isolation"].as_str().unwrap().to_string();
+    if let Some(expected) = expected_view(&base) {
+        assert_eq!(view, expected, "{opened}");
+    }
+    let a = opened["result"]["session"].as_str().unwrap().to_string();
+    let b = client.open_id(json!({"base": base.display().to_string()}));
+    let edit = client.sh(
+        &a,
+        "echo 'int main(void) { return 0; }' > src/main.c && ln src/main.c hard && \
+         rm -rf src/gone; mkdir -p build && echo obj > build/main.o",
+    );
+    assert_eq!(edit["ok"], true, "{edit}");
+    let other = client.sh(&b, "cat src/main.c; ls -A");
+    assert_eq!(
+        stdout(&other),
+        "int main;\npipe\nsrc\ntheirs.txt\n"
+            .replace("pipe\n", if view == "overlay" { "pipe\n" } else { "" }),
+        "{other}"
+    );
+    // The FIFO the tool sees is not the host's.
+    if view == "overlay" {
+        let wrote = client.sh(&a, "exec 3<>pipe; echo leaked >&3; echo done");
+        assert_eq!(stdout(&wrote), "done\n", "{wrote}");
+        let mut buf = [0u8; 16];
+        let read = std::io::Read::read(&mut &host_end, &mut buf);
+        assert!(
+            matches!(&read, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                || matches!(read, Ok(0)),
+            "{read:?}"
+        );
+        // Another owner's file is read-only to tools, as on the host.
+        let theirs = client.sh(&a, "cat theirs.txt; echo x >> theirs.txt || echo refused");
+        assert_eq!(stdout(&theirs), "another owner's\nrefused\n", "{theirs}");
+        // Writes are bounded by the session's size, copy-ups too.
+        let filled = client.sh(&a, "head -c 400000 /dev/zero > fill");
+        assert_eq!(filled["error"]["kind"], "workspace_full", "{filled}");
+        client.sh(&a, "rm -f fill");
+    }
+    assert_eq!(snapshot(&base), before, "the host base changed");
+    let changes = client.changes(&a);
+    assert_eq!(
+        changes["result"]["changes"],
+        json!([
+            {"path": "build/main.o", "kind": "added", "size": 4},
+            {"path": "hard", "kind": "added", "size": 29},
+            {"path": "src/main.c", "kind": "modified", "size": 29},
+        ]),
+        "{changes}"
+    );
+    assert_eq!(client.changes(&b)["result"]["changes"], json!([]));
+
+    // Closing takes every mount of the session with it: the overlay, its lower layer and
+    // the session's tmpfs.
+    let on_disk = fixture.sessions_on_disk();
+    client.close(&a);
+    client.close(&b);
+    assert!(fixture.sessions_on_disk().is_empty());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for dir in on_disk {
+        assert!(
+            !mountinfo.contains(&dir.display().to_string()),
+            "{mountinfo}"
+        );
+    }
+    assert_eq!(snapshot(&base), before, "the host base changed");
 }
 
 #[test]
@@ -580,7 +703,7 @@ fn every_session_answer_matches_the_published_schema() {
 }
 
 #[test]
-fn a_base_is_copied_without_following_links_opening_fifos_or_keeping_setuid() {
+fn a_base_is_taken_without_following_links_opening_fifos_or_honouring_setuid() {
     let _guard = airlock_tests::shared();
     if !sandbox_available() {
         return;
@@ -598,25 +721,50 @@ fn a_base_is_copied_without_following_links_opening_fifos_or_keeping_setuid() {
     let before = snapshot(&base);
 
     let mut client = fixture.client();
-    let s = client.open_id(json!({"base": base.display().to_string()}));
+    let opened = client.open(json!({"base": base.display().to_string()}));
+    let s = opened["result"]["session"].as_str().unwrap().to_string();
     let listed = client.sh(&s, "ls -A; stat -c %a suid; readlink shadow");
-    assert_eq!(
-        stdout(&listed),
-        "shadow\nsuid\n755\n/etc/shadow\n",
-        "{listed}"
-    );
+    // A copy leaves the FIFO out and drops the setuid bit; an overlay shows both as they
+    // are, on a nosuid mount, the FIFO an inode of the overlay's (below).
+    let expected = match opened["result"]["isolation"].as_str() {
+        Some("overlay") => "pipe\nshadow\nsuid\n4755\n/etc/shadow\n",
+        _ => "shadow\nsuid\n755\n/etc/shadow\n",
+    };
+    assert_eq!(stdout(&listed), expected, "{listed}");
+    assert_eq!(error_kind(&client.get(&s, "pipe")), "invalid_request");
     assert_eq!(error_kind(&client.get(&s, "shadow")), "invalid_request");
     let changes = client.changes(&s);
     assert_eq!(changes["result"]["changes"], json!([]), "{changes}");
     assert_eq!(snapshot(&base), before);
 
-    // A base larger than the workspace is refused whole, and leaves nothing behind.
+    // A base larger than the workspace: a copy is refused whole and leaves nothing
+    // behind; under an overlay only what the session writes counts, so a tool may read it
+    // all, and copying it up (a write) is what overflows.
     let big = fixture.bases.0.join("big");
     std::fs::create_dir_all(&big).unwrap();
     std::fs::write(big.join("blob"), vec![1u8; 200 << 10]).unwrap();
     let on_disk = fixture.sessions_on_disk().len();
-    let refused = client.open(json!({"base": big.display().to_string(), "size": "64KiB"}));
-    assert_eq!(error_kind(&refused), "workspace_full", "{refused}");
+    let opened = client.open(json!({"base": big.display().to_string(), "size": "64KiB"}));
+    if opened["result"]["isolation"] == "overlay" {
+        let s = opened["result"]["session"].as_str().unwrap().to_string();
+        let read = client.sh(&s, "wc -c < blob");
+        assert_eq!(stdout(&read), "204800\n", "{read}");
+        // The kernel refuses the copy-up and keeps nothing of it, so the workspace is not
+        // full afterwards: the tool's own failure is what the call reports.
+        let grown = client.sh(&s, "echo more >> blob");
+        assert_eq!(grown["ok"], false, "{grown}");
+        assert!(
+            grown["stderr"]
+                .as_str()
+                .unwrap()
+                .contains("No space left on device"),
+            "{grown}"
+        );
+        assert_eq!(stdout(&client.sh(&s, "wc -c < blob")), "204800\n");
+        client.close(&s);
+    } else {
+        assert_eq!(error_kind(&opened), "workspace_full", "{opened}");
+    }
     assert_eq!(fixture.sessions_on_disk().len(), on_disk);
 }
 

@@ -55,7 +55,7 @@ NetworkEventEnd = Literal[
 ]
 DenialLayer = Literal["seccomp", "landlock", "mounts", "network", "limit"]
 Coverage = Literal["reported", "unavailable"]
-SessionIsolation = Literal["copy", "empty"]
+SessionIsolation = Literal["overlay", "copy", "empty"]
 ChangeKind = Literal["added", "modified", "deleted"]
 
 
@@ -223,6 +223,8 @@ class Isolation:
     cgroup: CgroupVersion | None
     limits: Limits
     denial_reporting: DenialReporting
+    workspace: SessionIsolation | None
+    """For a call in a session: how its workspace holds the session's base."""
 
     @classmethod
     def from_json(cls, value: Any) -> Isolation:
@@ -237,6 +239,7 @@ class Isolation:
             cgroup=_field(o, "cgroup", w),
             limits=Limits.from_json(_field(o, "limits", w)),
             denial_reporting=DenialReporting.from_json(_field(o, "denial_reporting", w)),
+            workspace=o.get("workspace"),
         )
 
 
