@@ -26,14 +26,14 @@ pub struct SessionBench {
     /// Session calls that found the session's worker ready, of all.
     pub session_calls_pooled: u64,
     pub session_calls: usize,
-    /// `session_open` with the small base (copied), and without a base.
+    /// `session_open` with the small base, and without a base.
     pub open_with_base_ms: f64,
     pub open_with_base_p99_ms: f64,
     pub open_empty_ms: f64,
     /// The base: files and bytes.
     pub base_files: usize,
     pub base_bytes: u64,
-    /// How the base was taken in (`copy`).
+    /// How the base was taken in (`overlay` or `copy`).
     pub isolation: String,
 }
 
