@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 /// Pool counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -275,6 +275,35 @@ struct Slot<W> {
     notify: Arc<Notify>,
     /// The most workers idle at once since the pool last ran low (see [`Pool::take`]).
     high_water: usize,
+    /// Workers the replenisher is confining now.
+    confining: usize,
+    /// Calls that found no idle worker, each promised one of those being confined, oldest
+    /// first; never more than `confining`.
+    waiters: VecDeque<oneshot::Sender<W>>,
+}
+
+impl<W> Slot<W> {
+    fn new() -> Self {
+        Self {
+            idle: VecDeque::new(),
+            notify: Arc::new(Notify::new()),
+            high_water: 0,
+            confining: 0,
+            waiters: VecDeque::new(),
+        }
+    }
+}
+
+/// What a call gets from [`Pool::take_or_wait`].
+#[derive(Debug)]
+pub enum Take<W> {
+    /// An idle worker.
+    Now(W),
+    /// None idle, but one the replenisher is confining is this call's when ready. An
+    /// error instead means it failed, or the pool ended: spawn cold then.
+    Soon(oneshot::Receiver<W>),
+    /// None idle and none coming that is not promised already: spawn cold.
+    Cold,
 }
 
 /// Idle workers by pool key.
@@ -301,11 +330,7 @@ impl<W> Pool<W> {
         let Ok(mut slots) = self.slots.lock() else {
             return Arc::new(Notify::new());
         };
-        let slot = slots.entry(key.to_string()).or_insert_with(|| Slot {
-            idle: VecDeque::new(),
-            notify: Arc::new(Notify::new()),
-            high_water: 0,
-        });
+        let slot = slots.entry(key.to_string()).or_insert_with(Slot::new);
         Arc::clone(&slot.notify)
     }
 
@@ -319,6 +344,35 @@ impl<W> Pool<W> {
             return None;
         };
         let slot = slots.get_mut(key)?;
+        self.take_idle(slot)
+    }
+
+    /// As [`Pool::take`]; with no idle worker, a call is promised one the replenisher is
+    /// confining if one is not promised yet. Waiting for it costs the rest of a set-up
+    /// already under way, on the pool's template, where a cold spawn would cost a whole one
+    /// (building its own root) while competing with the replenisher for the cores: under
+    /// two clients at full load those cold spawns were the calls' p99.
+    pub fn take_or_wait(&self, key: &str) -> Take<W> {
+        let Ok(mut slots) = self.slots.lock() else {
+            return Take::Cold;
+        };
+        let Some(slot) = slots.get_mut(key) else {
+            return Take::Cold;
+        };
+        if let Some(worker) = self.take_idle(slot) {
+            return Take::Now(worker);
+        }
+        // Calls that stopped waiting (deadline, cancellation) keep no promise.
+        slot.waiters.retain(|waiter| !waiter.is_closed());
+        if slot.waiters.len() >= slot.confining {
+            return Take::Cold;
+        }
+        let (promise, coming) = oneshot::channel();
+        slot.waiters.push_back(promise);
+        Take::Soon(coming)
+    }
+
+    fn take_idle(&self, slot: &mut Slot<W>) -> Option<W> {
         let worker = slot.idle.pop_front();
         if worker.is_some() {
             self.hits.fetch_add(1, Ordering::Relaxed);
@@ -341,16 +395,46 @@ impl<W> Pool<W> {
         }
     }
 
-    /// Adds an idle worker for `key`.
+    /// Adds a worker for `key`: to the call waiting longest for one, else idle.
     pub fn put(&self, key: &str, worker: W) {
         if let Ok(mut slots) = self.slots.lock() {
-            let slot = slots.entry(key.to_string()).or_insert_with(|| Slot {
-                idle: VecDeque::new(),
-                notify: Arc::new(Notify::new()),
-                high_water: 0,
-            });
+            let slot = slots.entry(key.to_string()).or_insert_with(Slot::new);
+            let mut worker = worker;
+            while let Some(waiter) = slot.waiters.pop_front() {
+                match waiter.send(worker) {
+                    Ok(()) => {
+                        self.hits.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    // That call stopped waiting: the next one, or the idle list.
+                    Err(back) => worker = back,
+                }
+            }
             slot.idle.push_back(worker);
             slot.high_water = slot.high_water.max(slot.idle.len());
+        }
+    }
+
+    /// The replenisher of `key` starts confining `count` workers.
+    pub fn confining(&self, key: &str, count: usize) {
+        if let Ok(mut slots) = self.slots.lock()
+            && let Some(slot) = slots.get_mut(key)
+        {
+            slot.confining = slot.confining.saturating_add(count);
+        }
+    }
+
+    /// The replenisher of `key` is done with one of those workers (put it in, or failed).
+    /// Calls promised more workers than are still coming are released to spawn cold, the
+    /// latest first.
+    pub fn confined(&self, key: &str) {
+        if let Ok(mut slots) = self.slots.lock()
+            && let Some(slot) = slots.get_mut(key)
+        {
+            slot.confining = slot.confining.saturating_sub(1);
+            while slot.waiters.len() > slot.confining {
+                slot.waiters.pop_back();
+            }
         }
     }
 
@@ -395,6 +479,8 @@ impl<W> Pool<W> {
         let mut all = Vec::new();
         for slot in slots.values_mut() {
             all.extend(slot.idle.drain(..));
+            // Their calls spawn cold (and find the supervisor closing).
+            slot.waiters.clear();
             slot.notify.notify_one();
         }
         all
@@ -460,6 +546,85 @@ mod tests {
                 ..PoolStats::default()
             }
         );
+    }
+
+    #[test]
+    fn a_call_finding_the_pool_empty_is_promised_a_worker_being_confined() {
+        let pool: Pool<u32> = Pool::default();
+        pool.notify_for("p");
+        // Nothing idle and nothing coming: cold.
+        assert!(matches!(pool.take_or_wait("p"), Take::Cold));
+        pool.confining("p", 2);
+        let Take::Soon(mut first) = pool.take_or_wait("p") else {
+            panic!("not promised")
+        };
+        let Take::Soon(mut second) = pool.take_or_wait("p") else {
+            panic!("not promised")
+        };
+        // Two coming, two promised: a third call spawns cold.
+        assert!(matches!(pool.take_or_wait("p"), Take::Cold));
+        // The oldest promise is kept first; nothing goes idle while a call waits.
+        pool.put("p", 7);
+        pool.confined("p");
+        assert_eq!(first.try_recv(), Ok(7));
+        assert!(second.try_recv().is_err());
+        pool.put("p", 8);
+        pool.confined("p");
+        assert_eq!(second.try_recv(), Ok(8));
+        assert_eq!(pool.idle_count("p"), 0);
+        assert_eq!(pool.stats().hits, 2);
+        // With nobody waiting, a new worker is idle again.
+        pool.confining("p", 1);
+        pool.put("p", 9);
+        pool.confined("p");
+        assert!(matches!(pool.take_or_wait("p"), Take::Now(9)));
+    }
+
+    #[test]
+    fn a_call_that_stopped_waiting_leaves_its_worker_to_the_next() {
+        let pool: Pool<u32> = Pool::default();
+        pool.notify_for("p");
+        pool.confining("p", 1);
+        let Take::Soon(gone) = pool.take_or_wait("p") else {
+            panic!("not promised")
+        };
+        drop(gone);
+        // Its promise is released, so the next call may wait for that worker.
+        let Take::Soon(mut next) = pool.take_or_wait("p") else {
+            panic!("not promised")
+        };
+        pool.put("p", 5);
+        assert_eq!(next.try_recv(), Ok(5));
+        // A worker whose waiter left between the promise and the put goes idle.
+        pool.confining("p", 1);
+        let Take::Soon(left) = pool.take_or_wait("p") else {
+            panic!("not promised")
+        };
+        drop(left);
+        pool.put("p", 6);
+        assert_eq!(pool.take("p"), Some(6));
+    }
+
+    #[test]
+    fn a_failed_confinement_or_an_ended_pool_sends_its_waiters_to_spawn_cold() {
+        let pool: Pool<u32> = Pool::default();
+        pool.notify_for("p");
+        pool.confining("p", 2);
+        let Take::Soon(mut first) = pool.take_or_wait("p") else {
+            panic!("not promised")
+        };
+        let Take::Soon(mut second) = pool.take_or_wait("p") else {
+            panic!("not promised")
+        };
+        // One confinement failed: one worker is still coming, for the oldest promise.
+        pool.confined("p");
+        assert_eq!(second.try_recv(), Err(oneshot::error::TryRecvError::Closed));
+        assert_eq!(first.try_recv(), Err(oneshot::error::TryRecvError::Empty));
+        // The pool ends: its waiter is released too.
+        assert!(pool.remove("p").is_empty());
+        assert_eq!(first.try_recv(), Err(oneshot::error::TryRecvError::Closed));
+        pool.confining("q", 1);
+        assert!(matches!(pool.take_or_wait("q"), Take::Cold));
     }
 
     #[test]

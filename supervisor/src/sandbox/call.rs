@@ -85,7 +85,11 @@ impl Supervisor {
         } else {
             String::new()
         };
-        let pooled = if poolable { self.pool.take(&key) } else { None };
+        let pooled = if poolable {
+            self.take_pooled(&key, bounds).await
+        } else {
+            None
+        };
         // Replenish once this call has answered (however it ends).
         let _replenish = pooled.is_some().then(|| ReplenishOnDrop {
             pool: &self.pool,

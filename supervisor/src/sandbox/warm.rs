@@ -9,13 +9,13 @@ use std::time::Duration;
 use airlock_policy::CompiledProfile;
 
 use super::Supervisor;
-use super::deadline::Bounds;
+use super::deadline::{Bounds, wait_cancel};
 use super::error_chain;
 use super::lease::finish_worker;
 use super::outcome::Conversation;
 use super::worker::{PrepareError, ReadyWorker, WorkerOrder, encode_setup, spec_for};
 use crate::cancel::CancelSignal;
-use crate::pool::{IdleTarget, Pool, PoolSize, PoolStats};
+use crate::pool::{IdleTarget, Pool, PoolSize, PoolStats, Take};
 use crate::spawn::WorkerNetwork;
 use crate::sys;
 use crate::template::{Lookup, RootTemplate, TemplateError, source_identities, split_plan};
@@ -145,6 +145,8 @@ impl Supervisor {
                         .saturating_sub(supervisor.pool.idle_count(&key));
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                     let template = supervisor.root_template(&profile).await;
+                    // Calls finding the pool empty meanwhile may wait for these.
+                    supervisor.pool.confining(&key, missing);
                     let mut batch = tokio::task::JoinSet::new();
                     for _ in 0..missing {
                         let supervisor = Arc::clone(&supervisor);
@@ -168,21 +170,24 @@ impl Supervisor {
                     let mut failed = false;
                     while let Some(joined) = batch.join_next().await {
                         let Ok((supervisor, outcome)) = joined else {
+                            supervisor.pool.confined(&key);
                             continue;
                         };
                         match outcome {
                             Ok(worker) => {
-                                if let Some(mut unwanted) =
-                                    supervisor.put_if_warm(&key, &stop, worker)
-                                {
+                                let unwanted = supervisor.put_if_warm(&key, &stop, worker);
+                                supervisor.pool.confined(&key);
+                                if let Some(mut unwanted) = unwanted {
                                     let _ = finish_worker(&mut unwanted.lease).await;
                                 }
                             }
                             Err(PrepareError::Failed(_, mut lease)) => {
+                                supervisor.pool.confined(&key);
                                 let _ = finish_worker(&mut lease).await;
                                 failed = true;
                             }
                             Err(PrepareError::Rejected(e)) => {
+                                supervisor.pool.confined(&key);
                                 tracing::warn!(profile = %profile.name, error = %e.message, "could not pre-confine a pooled worker");
                                 failed = true;
                             }
@@ -227,6 +232,23 @@ impl Supervisor {
 
     /// A call found `key`'s pool empty: if it is kept warm, it aims higher (up to its
     /// maximum) and its replenisher starts on the difference now.
+    /// A pooled worker of `key` for a call: an idle one, or one being confined for the
+    /// pool if one is not promised to another call yet, awaited within `bounds` (the
+    /// pool's aim grows as for a miss). `None`: spawn cold.
+    pub(super) async fn take_pooled(&self, key: &str, bounds: Bounds<'_>) -> Option<ReadyWorker> {
+        let coming = match self.pool.take_or_wait(key) {
+            Take::Now(worker) => return Some(worker),
+            Take::Cold => return None,
+            Take::Soon(coming) => coming,
+        };
+        self.grow_pool(key);
+        tokio::select! {
+            worker = coming => worker.ok(),
+            () = tokio::time::sleep_until(bounds.deadline) => None,
+            () = wait_cancel(bounds.cancel) => None,
+        }
+    }
+
     pub(super) fn grow_pool(&self, key: &str) {
         let warm = self
             .warm
