@@ -135,6 +135,8 @@ pub struct Sessions {
     /// Closed sessions whose files could not all be removed yet (a call still writing in
     /// an unprivileged workspace): every sweep tries again.
     leftovers: Mutex<Vec<Arc<Session>>>,
+    /// The id mappings of overlaid bases, kept for the next session.
+    mappings: overlay::Mappings,
     /// Ids of ended sessions that had set a plan mode or tool states: a call still naming
     /// one is refused rather than quietly given the daemon-wide settings (which would lift
     /// its plan mode). Bounded: the oldest are forgotten first.
@@ -202,6 +204,7 @@ impl Sessions {
             clock,
             open: Mutex::new(HashMap::new()),
             leftovers: Mutex::new(Vec::new()),
+            mappings: overlay::Mappings::default(),
             ended: Mutex::new(EndedSessions::default()),
             workers: None,
         })
@@ -346,7 +349,7 @@ impl Sessions {
         };
         if let Some(owner) = self.state.owner {
             let base_fd = base.open().map_err(SessionError::storage(OP))?;
-            match overlay::mount(&storage.path, &base_fd, owner) {
+            match overlay::mount(&storage.path, &base_fd, owner, &self.mappings) {
                 Ok(merged) => {
                     storage.workspace = merged;
                     return Ok((storage, "overlay"));

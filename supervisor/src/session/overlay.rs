@@ -10,10 +10,12 @@
 //! them, as they are on the host). The overlay is mounted by the supervisor, whose
 //! credentials overlayfs uses for copy-ups, never by a tool.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use nix::mount::MsFlags;
 
@@ -35,12 +37,42 @@ fn failed(step: &'static str) -> impl FnOnce(io::Error) -> OverlayError {
     move |source| OverlayError { step, source }
 }
 
+/// The user namespaces describing "the base's owner is the sandbox's user", by the base
+/// owner's uid and gid: making one clones a process, and the bases of one deployment
+/// have few owners.
+#[derive(Debug, Default)]
+pub(super) struct Mappings {
+    by_owner: Mutex<HashMap<(u32, u32), Arc<OwnedFd>>>,
+}
+
+/// Owners remembered at most; past that the list starts again.
+const MAX_MAPPINGS: usize = 64;
+
+impl Mappings {
+    fn get(&self, base: (u32, u32), owner: (u32, u32)) -> io::Result<Arc<OwnedFd>> {
+        let mut known = self.by_owner.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(userns) = known.get(&base) {
+            return Ok(Arc::clone(userns));
+        }
+        let userns = Arc::new(crate::sys::mapping_namespace(
+            &format!("{} {} 1\n", base.0, owner.0),
+            &format!("{} {} 1\n", base.1, owner.1),
+        )?);
+        if known.len() >= MAX_MAPPINGS {
+            known.clear();
+        }
+        known.insert(base, Arc::clone(&userns));
+        Ok(userns)
+    }
+}
+
 /// Lays `base` under an overlay in the session directory `dir` and returns the merged
 /// directory. `owner` is the sandbox's host uid and gid, who owns what tools write.
 pub(super) fn mount(
     dir: &Path,
     base: &OwnedFd,
     owner: (u32, u32),
+    mappings: &Mappings,
 ) -> Result<PathBuf, OverlayError> {
     let make = |name: &str, theirs: bool| -> io::Result<OwnedFd> {
         let path = dir.join(name);
@@ -67,14 +99,12 @@ pub(super) fn mount(
         None
     } else {
         Some(
-            crate::sys::mapping_namespace(
-                &format!("{} {} 1\n", stat.st_uid, owner.0),
-                &format!("{} {} 1\n", stat.st_gid, owner.1),
-            )
-            .map_err(failed("make the id mapping"))?,
+            mappings
+                .get((stat.st_uid, stat.st_gid), owner)
+                .map_err(failed("make the id mapping"))?,
         )
     };
-    let tree = crate::sys::detached_read_only_view(base, maps.as_ref())
+    let tree = crate::sys::detached_read_only_view(base, maps.as_deref())
         .map_err(failed("make a read-only view of the base"))?;
     crate::sys::attach_mount(&tree, &lower).map_err(failed("attach the base"))?;
     // By descriptor: no option string carries a path, so none needs escaping, and each
