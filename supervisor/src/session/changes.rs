@@ -151,6 +151,10 @@ fn differs(
     if now.kind != old.kind || now.size != old.size || now.mode & 0o111 != old.mode & 0o111 {
         return true;
     }
+    // One file (an overlay's lower file, not copied up): nothing to read.
+    if now.identity == old.identity {
+        return false;
+    }
     match now.kind {
         Kind::File => {
             let a = tree::open_file(workspace, &now.path);

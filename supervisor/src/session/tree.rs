@@ -119,6 +119,9 @@ pub struct Entry {
     pub size: u64,
     /// Permission bits.
     pub mode: u32,
+    /// Its device and inode numbers: the same pair in the workspace and the base is the
+    /// same file (an overlay shows a file it has not copied up as the base's own).
+    pub identity: (u64, u64),
 }
 
 /// Every entry beneath `root` (not the root itself), parents before children, in name
@@ -175,6 +178,7 @@ fn walk_into(
             kind,
             size: u64::try_from(stat.st_size).unwrap_or(0),
             mode: stat.st_mode & 0o7777,
+            identity: (stat.st_dev, stat.st_ino),
         });
         if u64::try_from(out.len()).unwrap_or(u64::MAX) > limit {
             return Err(io::Error::other(format!("more than {limit} entries")));
