@@ -56,7 +56,7 @@ pub fn parse(kind: u16, payload: &[u8]) -> Option<Record> {
 }
 
 fn access(body: &str) -> Option<Record> {
-    let fields = Fields::of(body);
+    let fields = Fields::of(body)?;
     let domain = u64::from_str_radix(fields.raw("domain")?, 16).ok()?;
     let blockers = fields.raw("blockers")?;
     if blockers.is_empty() || blockers.len() > MAX_BLOCKERS {
@@ -90,7 +90,7 @@ fn endpoint(address: Option<&str>, port: &str) -> Option<String> {
 }
 
 fn domain(body: &str) -> Option<Record> {
-    let fields = Fields::of(body);
+    let fields = Fields::of(body)?;
     let domain = u64::from_str_radix(fields.raw("domain")?, 16).ok()?;
     match fields.raw("status")? {
         "allocated" => Some(Record::Allocated {
@@ -105,7 +105,7 @@ fn domain(body: &str) -> Option<Record> {
 /// `pid=<sender> uid=... msg='airlock-landlock-audit mark=<n> call=...'`: only the pid
 /// (the kernel's) and the number right after the fixed prefix are read.
 fn marker(body: &str) -> Option<Record> {
-    let pid = Fields::of(body).raw("pid")?.parse().ok()?;
+    let pid = Fields::of(body)?.raw("pid")?.parse().ok()?;
     let (_, message) = body.split_once(" msg='")?;
     let rest = message.strip_prefix(MARKER_PREFIX)?;
     let digits = rest.split(|c: char| !c.is_ascii_digit()).next()?;
@@ -120,7 +120,8 @@ fn marker(body: &str) -> Option<Record> {
 struct Fields<'a>(Vec<(&'a str, &'a str, bool)>);
 
 impl<'a> Fields<'a> {
-    fn of(mut body: &'a str) -> Self {
+    /// `None` for a quoted value that does not end: the record was cut.
+    fn of(mut body: &'a str) -> Option<Self> {
         let mut fields = Vec::new();
         // Bounded by the record's own length; a few dozen fields at most in practice.
         while !body.is_empty() && fields.len() < 64 {
@@ -134,10 +135,8 @@ impl<'a> Fields<'a> {
                 continue;
             }
             let (value, quoted, rest) = if let Some(inner) = rest.strip_prefix('"') {
-                match inner.split_once('"') {
-                    Some((value, rest)) => (value, true, rest),
-                    None => break,
-                }
+                let (value, rest) = inner.split_once('"')?;
+                (value, true, rest)
             } else if rest.starts_with('\'') {
                 // `msg='...'` (markers) runs to the end: nothing after it is a field.
                 (rest, false, "")
@@ -148,7 +147,7 @@ impl<'a> Fields<'a> {
             fields.push((key, value, quoted));
             body = rest;
         }
-        Self(fields)
+        Some(Self(fields))
     }
 
     /// The value as written (quotes removed).
