@@ -465,6 +465,11 @@ impl LandlockAudit {
     }
 }
 
+/// The kernel's Landlock ABI, 0 without Landlock: 7 and later can log a tool's refusals.
+pub fn host_landlock_abi() -> i64 {
+    crate::sys::landlock_abi_version().unwrap_or(0)
+}
+
 /// Whether the kernel's audit is enabled (`airlock doctor`, tests).
 pub fn host_audit_enabled() -> io::Result<bool> {
     let control = netlink::audit_socket(false)?;
