@@ -6,8 +6,8 @@
 
 use airlock_protocol::{LandlockSpec, Requirement};
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, Ruleset,
-    RestrictSelfAttr, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath,
+    RestrictSelfAttr, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
 use nix::sys::stat::{Mode, SFlag};

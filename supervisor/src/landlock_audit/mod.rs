@@ -272,7 +272,10 @@ impl Registry {
         if self.domains.contains_key(&domain) || self.foreign.contains(domain) {
             return;
         }
-        let front = self.by_pid.get(&pid).and_then(|queue| queue.front().copied());
+        let front = self
+            .by_pid
+            .get(&pid)
+            .and_then(|queue| queue.front().copied());
         let slot = front.and_then(|id| self.slots.get_mut(&id).map(|slot| (id, slot)));
         let waiting = std::mem::take(&mut self.pending);
         let (mine, others): (VecDeque<_>, VecDeque<_>) =
@@ -366,10 +369,8 @@ impl LandlockAudit {
             return Err(LandlockAuditError::Disabled);
         }
         let socket = netlink::audit_socket(true).map_err(LandlockAuditError::ReadLog)?;
-        let (stop_read, stop_write) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| {
-                LandlockAuditError::Reader(io::Error::from_raw_os_error(e as i32))
-            })?;
+        let (stop_read, stop_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| LandlockAuditError::Reader(io::Error::from_raw_os_error(e as i32)))?;
         let registry = Arc::new(Mutex::new(Registry {
             our_pid: i32::try_from(std::process::id()).unwrap_or(0),
             ..Registry::default()
@@ -558,12 +559,7 @@ impl Drop for AuditRegistration {
 }
 
 /// The reader thread: every record of the read-log group, until `stop` closes.
-fn read_records(
-    registry: &Mutex<Registry>,
-    socket: &OwnedFd,
-    stop: &OwnedFd,
-    alive: &AtomicBool,
-) {
+fn read_records(registry: &Mutex<Registry>, socket: &OwnedFd, stop: &OwnedFd, alive: &AtomicBool) {
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let mut buf = vec![0u8; netlink::MAX_MESSAGE];
     loop {
@@ -639,12 +635,18 @@ mod tests {
         let (b, mut b_closed) = open(&mut registry, 200);
         // The kernel writes the refusal first, then its domain.
         registry.apply(access(0xa, "/etc/x"));
-        registry.apply(Record::Allocated { domain: 0xa, pid: 100 });
+        registry.apply(Record::Allocated {
+            domain: 0xa,
+            pid: 100,
+        });
         registry.apply(access(0xa, "/etc/x"));
         registry.apply(access(0xa, "/etc/y"));
         // A domain of some other process on the host.
         registry.apply(access(0xf, "/secret"));
-        registry.apply(Record::Allocated { domain: 0xf, pid: 999 });
+        registry.apply(Record::Allocated {
+            domain: 0xf,
+            pid: 999,
+        });
         registry.apply(access(0xf, "/secret"));
         close(&mut registry, a, 1);
         close(&mut registry, b, 2);
@@ -666,8 +668,14 @@ mod tests {
     fn a_second_domain_naming_a_workers_pid_is_not_its_tools() {
         let mut registry = registry();
         let (a, mut closed) = open(&mut registry, 100);
-        registry.apply(Record::Allocated { domain: 1, pid: 100 });
-        registry.apply(Record::Allocated { domain: 2, pid: 100 });
+        registry.apply(Record::Allocated {
+            domain: 1,
+            pid: 100,
+        });
+        registry.apply(Record::Allocated {
+            domain: 2,
+            pid: 100,
+        });
         registry.apply(access(2, "/elsewhere"));
         registry.apply(access(1, "/mine"));
         close(&mut registry, a, 1);
@@ -683,10 +691,16 @@ mod tests {
         // The old worker was reaped and its pid given to a new one before its marker was
         // read: the old worker's late records still go to the old slot.
         let (new, mut new_closed) = open(&mut registry, 100);
-        registry.apply(Record::Allocated { domain: 1, pid: 100 });
+        registry.apply(Record::Allocated {
+            domain: 1,
+            pid: 100,
+        });
         registry.apply(access(1, "/old"));
         close(&mut registry, old, 1);
-        registry.apply(Record::Allocated { domain: 2, pid: 100 });
+        registry.apply(Record::Allocated {
+            domain: 2,
+            pid: 100,
+        });
         registry.apply(access(2, "/new"));
         // A stray record of the old worker's domain after its marker: dropped.
         registry.apply(access(1, "/old"));
@@ -710,7 +724,10 @@ mod tests {
             registry.apply(access(1000 + i, "/x"));
         }
         assert_eq!(registry.pending.len(), MAX_PENDING);
-        registry.apply(Record::Allocated { domain: 1000, pid: 100 });
+        registry.apply(Record::Allocated {
+            domain: 1000,
+            pid: 100,
+        });
         // Many distinct objects: listed up to the bound, the rest counted.
         for i in 0..(MAX_ENTRIES + 5) {
             registry.apply(access(1000, &format!("/f{i}")));
@@ -724,7 +741,10 @@ mod tests {
         assert_eq!(listed.last().unwrap().count, 5);
         // Foreign domains are remembered within their bound.
         for domain in 0..(MAX_DOMAINS as u64 * 2) {
-            registry.apply(Record::Allocated { domain: 1 << 40 | domain, pid: 5 });
+            registry.apply(Record::Allocated {
+                domain: 1 << 40 | domain,
+                pid: 5,
+            });
         }
         assert_eq!(registry.foreign.members.len(), MAX_DOMAINS);
         assert_eq!(registry.foreign.order.len(), MAX_DOMAINS);

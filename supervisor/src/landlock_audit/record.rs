@@ -82,11 +82,13 @@ fn access(body: &str) -> Option<Record> {
 
 fn endpoint(address: Option<&str>, port: &str) -> Option<String> {
     let port: u16 = port.parse().ok()?;
-    Some(match address.and_then(|a| a.parse::<std::net::IpAddr>().ok()) {
-        Some(std::net::IpAddr::V6(a)) => format!("[{a}]:{port}"),
-        Some(a) => format!("{a}:{port}"),
-        None => format!("port {port}"),
-    })
+    Some(
+        match address.and_then(|a| a.parse::<std::net::IpAddr>().ok()) {
+            Some(std::net::IpAddr::V6(a)) => format!("[{a}]:{port}"),
+            Some(a) => format!("{a}:{port}"),
+            None => format!("port {port}"),
+        },
+    )
 }
 
 fn domain(body: &str) -> Option<Record> {
@@ -170,7 +172,10 @@ impl<'a> Fields<'a> {
 }
 
 fn decode_hex(value: &str) -> Option<Vec<u8>> {
-    if value.is_empty() || value.len() % 2 != 0 || !value.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if value.is_empty()
+        || !value.len().is_multiple_of(2)
+        || !value.bytes().all(|b| b.is_ascii_hexdigit())
+    {
         return None;
     }
     (0..value.len())
@@ -220,7 +225,10 @@ mod tests {
     #[test]
     fn a_path_with_spaces_or_quotes_is_decoded_from_hex() {
         // "/tmp/a b\"c" hex-encoded by the kernel, then a path with invalid UTF-8.
-        let hex: String = "/tmp/a b\"c dev=\"x\"".bytes().map(|b| format!("{b:02X}")).collect();
+        let hex: String = "/tmp/a b\"c dev=\"x\""
+            .bytes()
+            .map(|b| format!("{b:02X}"))
+            .collect();
         let record = read(
             LANDLOCK_ACCESS,
             &format!("domain=1 blockers=fs.make_reg path={hex} dev=\"sda\" ino=2"),
@@ -229,13 +237,19 @@ mod tests {
             panic!("not read: {record:?}");
         };
         assert_eq!(object, "/tmp/a b\"c dev=\"x\"");
-        let record = read(LANDLOCK_ACCESS, "domain=1 blockers=fs.make_reg path=2FFF41 ino=2");
+        let record = read(
+            LANDLOCK_ACCESS,
+            "domain=1 blockers=fs.make_reg path=2FFF41 ino=2",
+        );
         let Some(Record::Access { object, .. }) = record else {
             panic!("not read");
         };
         assert_eq!(object, "/\u{FFFD}A");
         // A bare value that is not hex is kept as the kernel wrote it.
-        let record = read(LANDLOCK_ACCESS, "domain=1 blockers=fs.read_file path=<too_long>");
+        let record = read(
+            LANDLOCK_ACCESS,
+            "domain=1 blockers=fs.read_file path=<too_long>",
+        );
         assert!(matches!(record, Some(Record::Access { object, .. }) if object == "<too_long>"));
     }
 
@@ -270,8 +284,10 @@ mod tests {
             LANDLOCK_ACCESS,
             "domain=2a blockers=net.connect_tcp daddr=127.0.0.1 dest=9",
         );
-        assert!(matches!(record, Some(Record::Access { object, blockers, .. })
-            if object == "127.0.0.1:9" && blockers == "net.connect_tcp"));
+        assert!(
+            matches!(record, Some(Record::Access { object, blockers, .. })
+            if object == "127.0.0.1:9" && blockers == "net.connect_tcp")
+        );
         let record = read(LANDLOCK_ACCESS, "domain=2a blockers=net.bind_tcp src=8080");
         assert!(matches!(record, Some(Record::Access { object, .. }) if object == "port 8080"));
         let record = read(
@@ -279,7 +295,10 @@ mod tests {
             "domain=2a blockers=scope.signal opid=1 ocomm=\"systemd\"",
         );
         assert!(matches!(record, Some(Record::Access { object, .. }) if object == "pid 1"));
-        let record = read(LANDLOCK_ACCESS, "domain=2a blockers=scope.abstract_unix_socket path=00666F6F");
+        let record = read(
+            LANDLOCK_ACCESS,
+            "domain=2a blockers=scope.abstract_unix_socket path=00666F6F",
+        );
         assert!(matches!(record, Some(Record::Access { object, .. }) if object == "\0foo"));
         assert_eq!(
             read(LANDLOCK_ACCESS, "domain=2a blockers=net.bind_tcp src=99999"),
@@ -301,7 +320,10 @@ mod tests {
             })
         );
         assert_eq!(
-            read(LANDLOCK_DOMAIN, "domain=195ba459b status=deallocated denials=3"),
+            read(
+                LANDLOCK_DOMAIN,
+                "domain=195ba459b status=deallocated denials=3"
+            ),
             Some(Record::Deallocated {
                 domain: 0x195ba459b
             })
@@ -315,7 +337,10 @@ mod tests {
             ),
             Some(Record::Allocated { domain: 5, pid: 42 })
         );
-        assert_eq!(read(LANDLOCK_DOMAIN, "domain=5 status=allocated pid=0"), None);
+        assert_eq!(
+            read(LANDLOCK_DOMAIN, "domain=5 status=allocated pid=0"),
+            None
+        );
         assert_eq!(read(LANDLOCK_DOMAIN, "domain=5 status=other pid=3"), None);
     }
 
@@ -333,6 +358,9 @@ mod tests {
             ),
             None
         );
-        assert_eq!(read(1100, "pid=77 msg='airlock-landlock-audit mark=12'"), None);
+        assert_eq!(
+            read(1100, "pid=77 msg='airlock-landlock-audit mark=12'"),
+            None
+        );
     }
 }

@@ -7,8 +7,8 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::sys::socket::{
-    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv,
-    sendto, setsockopt, socket, sockopt,
+    AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, recv, sendto,
+    setsockopt, socket, sockopt,
 };
 
 /// `AUDIT_GET`: the audit's status.
@@ -96,11 +96,7 @@ fn send(fd: &OwnedFd, message: &[u8]) -> io::Result<()> {
 
 /// Receives one datagram into `buf`: its length, and whether it was cut.
 pub fn receive(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<(usize, bool)> {
-    let n = recv(
-        fd.as_raw_fd(),
-        buf,
-        MsgFlags::MSG_TRUNC,
-    )?;
+    let n = recv(fd.as_raw_fd(), buf, MsgFlags::MSG_TRUNC)?;
     Ok((n.min(buf.len()), n > buf.len()))
 }
 

@@ -44,10 +44,14 @@ fn audit_on() -> Option<AuditOn> {
         None
     };
     if !root {
-        return skip("not root (the audit is read with CAP_AUDIT_READ in the initial user namespace)".into());
+        return skip(
+            "not root (the audit is read with CAP_AUDIT_READ in the initial user namespace)".into(),
+        );
     }
     if abi < 7 {
-        return skip(format!("Landlock ABI {abi}, logging a tool's refusals needs 7"));
+        return skip(format!(
+            "Landlock ABI {abi}, logging a tool's refusals needs 7"
+        ));
     }
     match host_audit_enabled() {
         Ok(true) => Some(AuditOn { restore: false }),
@@ -162,11 +166,12 @@ async fn a_tools_refusals_are_bounded_its_own_and_never_from_a_domain_it_nests()
     let supervisor = reading_supervisor();
     let profile = default_profile();
     let hostile = run(&profile, "hostile", &["/usr/bin/python3", "-c", HOSTILE]);
-    let quiet = run(&profile, "quiet", &["/bin/sh", "-c", "cat /proc/self/comm >/dev/null"]);
-    let (hostile, quiet) = tokio::join!(
-        supervisor.run(hostile, None),
-        supervisor.run(quiet, None)
+    let quiet = run(
+        &profile,
+        "quiet",
+        &["/bin/sh", "-c", "cat /proc/self/comm >/dev/null"],
     );
+    let (hostile, quiet) = tokio::join!(supervisor.run(hostile, None), supervisor.run(quiet, None));
     let hostile = serde_json::to_value(&hostile).unwrap();
     let quiet = serde_json::to_value(&quiet).unwrap();
     assert_eq!(hostile["ok"], true, "{hostile}");
@@ -180,7 +185,10 @@ async fn a_tools_refusals_are_bounded_its_own_and_never_from_a_domain_it_nests()
     // Bounded: 64 distinct objects, the rest counted as `other`.
     assert_eq!(listed.len(), 65, "{hostile}");
     let other = listed.last().unwrap();
-    assert_eq!((other["object"].as_str(), other["count"].as_u64()), (Some("other"), Some(16)));
+    assert_eq!(
+        (other["object"].as_str(), other["count"].as_u64()),
+        (Some("other"), Some(16))
+    );
     for denial in &listed[..64] {
         let object = denial["object"].as_str().unwrap();
         assert!(
@@ -214,7 +222,11 @@ async fn a_pooled_workers_refusal_is_listed_in_its_call_with_path_and_right() {
     let misses = supervisor.pool_stats().misses;
     let result = supervisor
         .run(
-            run(&profile, "pooled", &["/bin/sh", "-c", "echo x >/proc/self/comm"]),
+            run(
+                &profile,
+                "pooled",
+                &["/bin/sh", "-c", "echo x >/proc/self/comm"],
+            ),
             None,
         )
         .await;
@@ -227,7 +239,10 @@ async fn a_pooled_workers_refusal_is_listed_in_its_call_with_path_and_right() {
         .find(|d| d["rule"] == "fs.write_file")
         .unwrap_or_else(|| panic!("no refused write: {result}"));
     let object = write["object"].as_str().unwrap();
-    assert!(object.starts_with("/proc/") && object.ends_with("/comm"), "{write}");
+    assert!(
+        object.starts_with("/proc/") && object.ends_with("/comm"),
+        "{write}"
+    );
     assert_eq!(write["count"], 1, "{write}");
     supervisor.close().await;
 }
@@ -243,10 +258,8 @@ fn the_cli_lists_landlock_refusals_only_when_asked() {
     assert_eq!(reporting(&asked), "reported", "{asked}");
     let listed = landlock_denials(&asked);
     assert!(
-        listed
-            .iter()
-            .any(|d| d["rule"] == "fs.write_file"
-                && d["object"].as_str().is_some_and(|o| o.ends_with("/comm"))),
+        listed.iter().any(|d| d["rule"] == "fs.write_file"
+            && d["object"].as_str().is_some_and(|o| o.ends_with("/comm"))),
         "{asked}"
     );
     // Without the opt-in nothing changes: the layer says it cannot report.
