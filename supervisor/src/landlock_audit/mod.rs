@@ -55,8 +55,8 @@ pub enum LandlockAuditError {
     /// The kernel has no Landlock, or an ABI without audit logging of a new exec.
     #[error("Landlock ABI {0} cannot log a tool's refusals (needs ABI 7, Linux 6.15)")]
     AbiTooOld(i64),
-    /// Querying the audit's status failed (no `CONFIG_AUDIT`, or not in the initial
-    /// user namespace).
+    /// Querying the audit's status failed (no `CONFIG_AUDIT`, not in the initial user and
+    /// pid namespaces, or no `CAP_AUDIT_CONTROL`).
     #[error("cannot query the kernel's audit: {0}")]
     Status(io::Error),
     /// Audit is off (`audit=0`, or `auditctl -e 0`).

@@ -76,7 +76,8 @@ pub struct SupervisorOptions {
     /// the tool wrote before it is killed without (default [`DEFAULT_STOP_GRACE`]).
     pub stop_grace: Option<std::time::Duration>,
     /// Read Landlock's refusals from the kernel's audit and list them in each call's
-    /// `denials` (Landlock ABI 7, audit enabled, `CAP_AUDIT_READ` and `CAP_AUDIT_WRITE`).
+    /// `denials` (Landlock ABI 7, audit enabled, `CAP_AUDIT_READ`, `CAP_AUDIT_WRITE` and
+    /// `CAP_AUDIT_CONTROL` in the initial namespaces).
     /// Where the host cannot, the supervisor starts without and says so
     /// ([`Supervisor::landlock_audit`]); results then say `landlock: unavailable`.
     pub landlock_audit: bool,
