@@ -267,3 +267,38 @@ fn the_cli_lists_landlock_refusals_only_when_asked() {
     assert_eq!(reporting(&plain), "unavailable", "{plain}");
     assert!(landlock_denials(&plain).is_empty(), "{plain}");
 }
+
+#[test]
+fn asking_where_the_host_cannot_read_the_audit_says_why_and_reports_unavailable() {
+    let _guard = airlock_tests::exclusive();
+    if !sandbox_available() {
+        return;
+    }
+    // Root with ABI 7 and the audit on can read it: that is the tests above.
+    let can =
+        effective_uid() == 0 && host_landlock_abi() >= 7 && host_audit_enabled().unwrap_or(false);
+    if can {
+        eprintln!("SKIP: this host can read the audit (the audit is on)");
+        return;
+    }
+    let out = std::process::Command::new(airlock_bin())
+        .args([
+            "exec",
+            "--json",
+            "--landlock-audit",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo x >/proc/self/comm",
+        ])
+        .output()
+        .unwrap();
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reporting(&result), "unavailable", "{result}");
+    assert!(landlock_denials(&result).is_empty(), "{result}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--landlock-audit: Landlock's refusals will not be reported"),
+        "{stderr}"
+    );
+}
