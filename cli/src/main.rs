@@ -296,9 +296,6 @@ impl OneShot {
         let supervisor = starting
             .join()
             .map_err(|_| anyhow::anyhow!("starting the supervisor panicked"))??;
-        if let airlock::LandlockAuditState::Unavailable(why) = supervisor.landlock_audit() {
-            eprintln!("--landlock-audit: Landlock's refusals will not be reported: {why}");
-        }
         Ok((runtime, supervisor))
     }
 }
@@ -488,9 +485,6 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
             landlock_audit: flags.landlock_audit,
             ..supervisor_options()
         })?);
-        if let airlock::LandlockAuditState::Unavailable(why) = supervisor.landlock_audit() {
-            eprintln!("--landlock-audit: Landlock's refusals will not be reported: {why}");
-        }
         if let Some(size) = flags.pool {
             // Warm every profile some tool uses; each call still gets a fresh worker.
             supervisor

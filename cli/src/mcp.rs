@@ -79,10 +79,6 @@ pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
             landlock_audit: args.landlock_audit,
             ..crate::supervisor_options()
         })?);
-        if let airlock::LandlockAuditState::Unavailable(why) = supervisor.landlock_audit() {
-            // stderr: stdout is the MCP client's.
-            eprintln!("--landlock-audit: Landlock's refusals will not be reported: {why}");
-        }
         if let Some(size) = pool {
             supervisor
                 .warm_exactly(&crate::profiles_in_use(&loaded.policy), size)

@@ -256,7 +256,8 @@ impl Supervisor {
             match LandlockAudit::start() {
                 Ok(audit) => (Some(audit), LandlockAuditState::Reading),
                 Err(e) => {
-                    tracing::warn!(error = %e, "landlock refusals will not be reported");
+                    // The CLI's flags and the daemon's start-up say it here, on stderr.
+                    tracing::warn!(error = %e, "Landlock refusals will not be read from the audit");
                     (None, LandlockAuditState::Unavailable(e.to_string()))
                 }
             }

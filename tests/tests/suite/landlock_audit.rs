@@ -298,7 +298,7 @@ fn asking_where_the_host_cannot_read_the_audit_says_why_and_reports_unavailable(
     assert!(landlock_denials(&result).is_empty(), "{result}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--landlock-audit: Landlock's refusals will not be reported"),
+        stderr.contains("Landlock refusals will not be read from the audit"),
         "{stderr}"
     );
 }
