@@ -128,6 +128,11 @@ pub(crate) enum Command {
         /// network cannot make. Slower; never less confined.
         #[arg(long)]
         diagnose: bool,
+        /// List Landlock's refusals in the result's `denials`, read from the kernel's audit
+        /// (root, Landlock ABI 7, audit enabled; logs one audit record per call). Without
+        /// them, `denial_reporting.landlock` says `unavailable`.
+        #[arg(long)]
+        landlock_audit: bool,
         /// Host uid of the sandbox's root when running as root (default 65534).
         #[arg(long)]
         sandbox_uid: Option<u32>,
@@ -171,6 +176,11 @@ pub(crate) enum Command {
         /// Append audit records (JSON lines) to this file; `-` for stderr.
         #[arg(long)]
         audit: Option<PathBuf>,
+        /// List Landlock's refusals in the result's `denials`, read from the kernel's audit
+        /// (root, Landlock ABI 7, audit enabled; logs one audit record per call). Without
+        /// them, `denial_reporting.landlock` says `unavailable`.
+        #[arg(long)]
+        landlock_audit: bool,
     },
     /// Serve the gate on a Unix socket (JSON lines, or bincode frames for Rust clients).
     ///
@@ -240,6 +250,12 @@ pub(crate) enum Command {
         /// (default 4 × --pool); it halves back towards --pool after 10 s without one.
         #[arg(long)]
         pool_max: Option<usize>,
+        /// List Landlock's refusals in each result's `denials`, read from the kernel's
+        /// audit (root, Landlock ABI 7, audit enabled; logs one audit record per call).
+        /// Where the host cannot, the daemon says why at start and results say
+        /// `denial_reporting.landlock: unavailable`.
+        #[arg(long, env = "AIRLOCK_LANDLOCK_AUDIT")]
+        landlock_audit: bool,
     },
     /// Probe a running `airlock serve`: exit 0 when it answers and is ready (policy loaded,
     /// pools warm), 1 otherwise with the reason on stderr.

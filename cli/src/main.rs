@@ -264,7 +264,7 @@ impl Drop for OneShot {
 }
 
 impl OneShot {
-    fn start(sandbox_uid: Option<u32>) -> anyhow::Result<Self> {
+    fn start(sandbox_uid: Option<u32>, landlock_audit: bool) -> anyhow::Result<Self> {
         // One call has nothing to run in parallel: on the calling thread it needs no worker
         // threads started (two clones, their stacks) nor a cross-thread wake-up for each of
         // the call's events.
@@ -278,6 +278,7 @@ impl OneShot {
                 let _runtime = handle.enter();
                 Supervisor::start(SupervisorOptions {
                     sandbox_host_id: sandbox_uid,
+                    landlock_audit,
                     ..supervisor_options()
                 })
             })?;
@@ -441,6 +442,7 @@ struct ServeFlags {
     sandbox_uid: Option<u32>,
     /// `None`: no pool.
     pool: Option<PoolSize>,
+    landlock_audit: bool,
 }
 
 fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
@@ -480,6 +482,7 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
     runtime.block_on(async move {
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
             sandbox_host_id: flags.sandbox_uid,
+            landlock_audit: flags.landlock_audit,
             ..supervisor_options()
         })?);
         if let Some(size) = flags.pool {
@@ -561,9 +564,10 @@ fn main() -> ExitCode {
             memory,
             json,
             diagnose,
+            landlock_audit,
             sandbox_uid,
             command,
-        } => OneShot::start(sandbox_uid).and_then(|one_shot| {
+        } => OneShot::start(sandbox_uid, landlock_audit).and_then(|one_shot| {
             let mut loaded =
                 load_policy(policy.as_ref(), preset.as_deref(), presets::DEFAULT_PRESET)?;
             if diagnose {
@@ -595,7 +599,8 @@ fn main() -> ExitCode {
             plan_mode,
             session,
             audit,
-        } => OneShot::start(sandbox_uid).and_then(|one_shot| {
+            landlock_audit,
+        } => OneShot::start(sandbox_uid, landlock_audit).and_then(|one_shot| {
             let flags = RunFlags {
                 call_id,
                 one_shot,
@@ -645,6 +650,7 @@ fn main() -> ExitCode {
             sandbox_uid,
             pool,
             pool_max,
+            landlock_audit,
         } => units::parse_duration(&grace)
             .map_err(|e| anyhow::anyhow!("--grace: {e}"))
             .and_then(|grace| {
@@ -683,6 +689,7 @@ fn main() -> ExitCode {
                     config,
                     sandbox_uid,
                     pool,
+                    landlock_audit,
                 })
             }),
         Command::Health {

@@ -40,6 +40,10 @@ pub(crate) struct McpArgs {
     /// Pre-confined idle workers kept per profile (0: no pool).
     #[arg(long, default_value_t = 0)]
     pool: usize,
+    /// List Landlock's refusals in each result's `denials`, read from the kernel's audit
+    /// (root, Landlock ABI 7, audit enabled; logs one audit record per call).
+    #[arg(long, env = "AIRLOCK_LANDLOCK_AUDIT")]
+    landlock_audit: bool,
 }
 
 pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
@@ -72,6 +76,7 @@ pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
     let outcome = runtime.block_on(async {
         let supervisor = Arc::new(Supervisor::start(SupervisorOptions {
             sandbox_host_id: args.sandbox_uid,
+            landlock_audit: args.landlock_audit,
             ..crate::supervisor_options()
         })?);
         if let Some(size) = pool {

@@ -254,6 +254,8 @@ pub fn plan_landlock(profile: &Profile) -> LandlockSpec {
         tcp_bind,
         tcp_connect,
         restrict_tcp,
+        // Only a supervisor that reads the audit asks for it (`spec_for`).
+        log_denials: false,
     }
 }
 

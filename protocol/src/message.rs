@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::spec::SandboxSpec;
 
 /// Version of this protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Messages sent by the (trusted) supervisor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,6 +136,8 @@ pub struct AppliedIsolation {
     /// Whether it was installed with a listener, passed with `Ready` (before any other
     /// descriptor): the supervisor then answers, and records, every refusal.
     pub seccomp_listener: bool,
+    /// Whether the Landlock domain logs its refusals (and the tool's) to the audit.
+    pub landlock_logged: bool,
 }
 
 /// Why confinement failed.

@@ -157,6 +157,10 @@ pub struct LandlockSpec {
     pub tcp_connect: Vec<u16>,
     /// Whether TCP is handled at all (false means network access is left to the namespace).
     pub restrict_tcp: bool,
+    /// Log the domain's refusals to the kernel's audit, the tool's included (ABI 7:
+    /// `LANDLOCK_RESTRICT_SELF_LOG_NEW_EXEC_ON`), and none of domains nested in it
+    /// (`LOG_SUBDOMAINS_OFF`): set by a supervisor that reads them.
+    pub log_denials: bool,
 }
 
 /// One classic-BPF instruction (`struct sock_filter`).

@@ -52,6 +52,7 @@ mod denials;
 pub mod egress;
 mod egress_audit;
 pub mod gate;
+pub mod landlock_audit;
 pub mod listing;
 pub mod mcp;
 pub mod observe;
@@ -70,6 +71,8 @@ pub use call::ToolCall;
 pub use cancel::CancelSignal;
 pub use gate::{Approval, CallOptions, Gate};
 pub use result::{ErrorKind, ToolError, ToolResult};
-pub use sandbox::{NetworkNamespaces, SandboxRun, Supervisor, SupervisorOptions};
+pub use sandbox::{
+    LandlockAuditState, NetworkNamespaces, SandboxRun, Supervisor, SupervisorOptions,
+};
 pub use session::{SessionError, Sessions};
 pub use spawn::NamespaceCounts;

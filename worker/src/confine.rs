@@ -404,6 +404,7 @@ pub fn confine_worker(
         landlock_fully_enforced: landlock.fully_enforced,
         seccomp_installed,
         seccomp_listener: seccomp_listener.is_some(),
+        landlock_logged: landlock.logged,
     };
     Ok(Confined {
         applied,

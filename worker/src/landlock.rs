@@ -6,8 +6,8 @@
 
 use airlock_protocol::{LandlockSpec, Requirement};
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath,
+    RestrictSelfAttr, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 use nix::fcntl::{AT_FDCWD, OFlag, openat};
 use nix::sys::stat::{Mode, SFlag};
@@ -48,6 +48,8 @@ pub struct LandlockOutcome {
     pub abi: u32,
     /// Every requested right is enforced.
     pub fully_enforced: bool,
+    /// The domain logs its refusals, the tool's included, to the audit.
+    pub logged: bool,
 }
 
 /// Restricts the calling (single-threaded) process with `spec`.
@@ -126,6 +128,13 @@ pub fn apply_landlock_to_current_process(
             created = created.add_rule(NetPort::new(*port, AccessNet::ConnectTcp))?;
         }
     }
+    // The tool is a new exec, whose refusals a domain does not log by default; domains a
+    // tool nests inside log nothing, so every logged record names this worker's domain and
+    // this worker as its creator (nothing a tool creates can pass for a worker).
+    let logged = spec.log_denials && version >= 7;
+    if logged {
+        created = created.log_new_exec(true)?.log_subdomains(false)?;
+    }
     let status = created.restrict_self()?;
     if status.ruleset != RulesetStatus::FullyEnforced {
         if required {
@@ -136,6 +145,7 @@ pub fn apply_landlock_to_current_process(
     Ok(LandlockOutcome {
         abi: version as u32,
         fully_enforced: fully,
+        logged: logged && status.log_new_exec && !status.log_subdomains,
     })
 }
 
@@ -146,6 +156,7 @@ fn skip_or_fail(required: bool, cause: std::io::Error) -> Result<LandlockOutcome
         Ok(LandlockOutcome {
             abi: 0,
             fully_enforced: false,
+            logged: false,
         })
     }
 }

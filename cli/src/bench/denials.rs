@@ -104,3 +104,74 @@ pub fn print(cost: &ReportingCost) {
         cost.warm_reported_ms, cost.warm_unreported_ms, cost.overhead_percent
     );
 }
+
+/// What reading Landlock's refusals from the audit costs a pooled call refused nothing
+/// (milliseconds, medians): the same profile's pooled `/bin/true` on a supervisor that
+/// reads them and on one that does not, alternating in one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct LandlockAuditCost {
+    pub warm_read_ms: f64,
+    pub warm_unread_ms: f64,
+    /// Read over unread, minus one, in percent.
+    pub overhead_percent: f64,
+    pub samples: usize,
+}
+
+/// Measures `rounds` pooled calls on each supervisor; an error where the host cannot read
+/// the audit (it is never switched on here).
+pub async fn measure_landlock_audit(
+    policy_text: &str,
+    rounds: usize,
+    options: fn() -> airlock::SupervisorOptions,
+) -> anyhow::Result<LandlockAuditCost> {
+    let (profile, _) = both_forms(policy_text)?;
+    let read = Arc::new(Supervisor::start(airlock::SupervisorOptions {
+        landlock_audit: true,
+        ..options()
+    })?);
+    if let airlock::LandlockAuditState::Unavailable(why) = read.landlock_audit() {
+        anyhow::bail!("{why}");
+    }
+    let unread = Arc::new(Supervisor::start(options())?);
+    read.keep_warm(Arc::clone(&profile), 1);
+    unread.keep_warm(Arc::clone(&profile), 1);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for (supervisor, samples) in [(&read, &mut with), (&unread, &mut without)] {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while supervisor.pool_stats().idle < 1 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let started = Instant::now();
+            let result = supervisor.run(true_run(&profile), None).await;
+            let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+            let reported = result.isolation.as_ref().is_some_and(|i| {
+                i.denial_reporting.landlock == airlock::result::Coverage::Reported
+            });
+            if result.ok && reported == Arc::ptr_eq(supervisor, &read) {
+                samples.push(elapsed);
+            }
+        }
+    }
+    read.close().await;
+    unread.close().await;
+    let samples = with.len().min(without.len());
+    if samples == 0 {
+        anyhow::bail!("no call said landlock: reported");
+    }
+    let (with, without) = (median(with), median(without));
+    Ok(LandlockAuditCost {
+        warm_read_ms: with,
+        warm_unread_ms: without,
+        overhead_percent: (with / without - 1.0) * 100.0,
+        samples,
+    })
+}
+
+/// The table's line.
+pub fn print_landlock_audit(cost: &LandlockAuditCost) {
+    println!(
+        "landlock audit: pooled /bin/true {:.3} ms read, {:.3} ms not ({:+.1} %)",
+        cost.warm_read_ms, cost.warm_unread_ms, cost.overhead_percent
+    );
+}

@@ -208,6 +208,9 @@ pub struct Report {
     egress: Option<egress::EgressBench>,
     /// What reporting refusals costs a call refused nothing; `None` if not measured (noted).
     denial_reporting: Option<denials::ReportingCost>,
+    /// What reading Landlock's refusals from the audit costs; `None` where the host cannot
+    /// (noted).
+    landlock_audit: Option<denials::LandlockAuditCost>,
     /// Concurrent sleeping calls through the daemon against concurrent bwraps; `None` if
     /// skipped or not measured (noted).
     burst: Option<burst::BurstBench>,
@@ -727,6 +730,20 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 }
             };
 
+        let landlock_audit = match denials::measure_landlock_audit(
+            BENCH_POLICY,
+            args.rounds,
+            crate::supervisor_options,
+        )
+        .await
+        {
+            Ok(measured) => Some(measured),
+            Err(why) => {
+                notes.push(format!("landlock audit not measured: {why}"));
+                None
+            }
+        };
+
         let session = match session::measure(args.rounds, crate::supervisor_options()).await {
             Ok(measured) => Some(measured),
             Err(why) => {
@@ -793,6 +810,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             daemon_memory,
             egress,
             denial_reporting,
+            landlock_audit,
             oneshot,
             burst,
             session,

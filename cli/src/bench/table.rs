@@ -92,6 +92,9 @@ pub(super) fn print_table(report: &Report) {
     if let Some(cost) = &report.denial_reporting {
         denials::print(cost);
     }
+    if let Some(cost) = &report.landlock_audit {
+        denials::print_landlock_audit(cost);
+    }
     if let Some(o) = &report.oneshot {
         oneshot::print(o);
     }

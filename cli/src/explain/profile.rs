@@ -94,7 +94,9 @@ pub(super) fn describe_profile(profile: &Profile) -> ProfileFacts {
             seccomp: "reported: every refused syscall by name, with its errno and argument rule \
                       (unavailable where the kernel gives no seccomp listener; clone3 is never \
                       listed: every fork tries it first)",
-            landlock: "unavailable: the kernel reports Landlock refusals to its audit log only",
+            landlock: "unavailable, unless the supervisor reads the kernel's audit \
+                       (--landlock-audit: root, Landlock ABI 7, audit enabled): then every \
+                       path or port Landlock refused, with the rights it lacked",
             mounts: "unavailable, unless the call is diagnosed (airlock exec --diagnose): then \
                      every path it named that the sandbox lacks or holds read-only",
             network: match profile.network {

@@ -78,8 +78,9 @@ prop_compose! {
         tcp_bind in vec(any::<u16>(), 0..4),
         tcp_connect in vec(any::<u16>(), 0..4),
         restrict_tcp in any::<bool>(),
+        log_denials in any::<bool>(),
     ) -> LandlockSpec {
-        LandlockSpec { requirement, read, write, tcp_bind, tcp_connect, restrict_tcp }
+        LandlockSpec { requirement, read, write, tcp_bind, tcp_connect, restrict_tcp, log_denials }
     }
 }
 
@@ -156,8 +157,9 @@ prop_compose! {
         landlock_fully_enforced in any::<bool>(),
         seccomp_installed in any::<bool>(),
         seccomp_listener in any::<bool>(),
+        landlock_logged in any::<bool>(),
     ) -> AppliedIsolation {
-        AppliedIsolation { namespaces, landlock_abi, landlock_fully_enforced, seccomp_installed, seccomp_listener }
+        AppliedIsolation { namespaces, landlock_abi, landlock_fully_enforced, seccomp_installed, seccomp_listener, landlock_logged }
     }
 }
 
@@ -267,6 +269,7 @@ pub fn sample_spec() -> SandboxSpec {
             tcp_bind: vec![],
             tcp_connect: vec![443],
             restrict_tcp: true,
+            log_denials: true,
         },
         seccomp: SeccompSpec {
             requirement: Requirement::BestEffort,
@@ -333,6 +336,7 @@ pub fn sample_worker_messages() -> Vec<WorkerMessage> {
             landlock_fully_enforced: true,
             seccomp_installed: true,
             seccomp_listener: true,
+            landlock_logged: true,
         }),
         WorkerMessage::SetupFailed(SetupFailure {
             step: "landlock".into(),

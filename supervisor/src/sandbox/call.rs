@@ -127,7 +127,7 @@ impl Supervisor {
         if let (Ok(_), Some(observe)) = (&worker, self.spawn_observer.0.get()) {
             observe(hit, started.elapsed());
         }
-        let (conversation, lease, channel, evidence) = match worker {
+        let (conversation, mut lease, channel, evidence) = match worker {
             Ok(worker) => {
                 let (conversation, lease, channel, evidence) = self
                     .run_on_worker(worker, &run, bounds, network_events, watching)
@@ -147,9 +147,16 @@ impl Supervisor {
             "conversation over"
         );
         let cgroup = lease.cgroup.as_ref().map(|c| c.version().to_string());
+        let mut audit = lease.audit.take();
 
         // Single-use worker: whatever happened, it and everything it started die now.
         let stats = if matches!(conversation, Conversation::Finished { .. }) {
+            // The tool and everything it started are gone (the worker reaped them before
+            // it reported) and the worker refuses nothing itself: every record of theirs
+            // is queued, ahead of this marker.
+            if let Some(audit) = &mut audit {
+                audit.mark(&run.call_id);
+            }
             // The tool has exited and reported, and the worker killed whatever the tool
             // left: the counters are final. Answer now; kill, reap and remove the cgroup
             // off the critical path (still counted as active, so `close` waits for it).
@@ -176,8 +183,16 @@ impl Supervisor {
             // the worker is PID 1 of its namespace, so once it is reaped every process of
             // the tool is gone. Removing the then-empty cgroup happens after the answer.
             let stats = reap_worker(&lease).await;
+            // Reaped, with every process of its namespace: its records are all queued.
+            if let Some(audit) = &mut audit {
+                audit.mark(&run.call_id);
+            }
             release_later(lease, ActiveCall::enter(&self.active));
             stats
+        };
+        let landlock = match audit {
+            Some(audit) => audit.refusals(&run.call_id).await,
+            None => None,
         };
         tracing::debug!(
             elapsed_us = started.elapsed().as_micros() as u64,
@@ -190,6 +205,7 @@ impl Supervisor {
             stats,
             network: evidence.network,
             seccomp: evidence.seccomp,
+            landlock,
         };
         result_of(&facts, outcome)
     }

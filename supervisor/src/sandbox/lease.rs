@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::{ActiveCall, error_chain};
 use crate::cgroup::{CgroupRecycler, CgroupStats, WorkerCgroup};
+use crate::landlock_audit::AuditRegistration;
 use crate::spawn::{LentNamespace, PendingSpawn, SpawnError, Spawned};
 use crate::sys;
 use crate::template::RootTemplate;
@@ -30,6 +31,9 @@ pub(super) struct WorkerLease {
     /// The template the worker was cloned from: its spawner thread must outlive the
     /// worker, whose parent-death signal follows that thread.
     pub(super) _template: Option<Arc<RootTemplate>>,
+    /// The worker's place in the Landlock audit reader. Its marker must follow every
+    /// record of the worker, so it is dropped only once the worker is reaped.
+    pub(super) audit: Option<AuditRegistration>,
 }
 
 impl WorkerLease {
@@ -68,10 +72,15 @@ impl WorkerLease {
             && matches!(sys::try_reap_pidfd(running), Ok(None))
         {
             tracing::warn!("worker still not reaped after SIGKILL; reaping in the background");
-            let cgroup = self.cgroup.take();
-            crate::spawn::clean_up_in_background(pidfd, move || remove_cgroup(cgroup));
+            let (cgroup, audit) = (self.cgroup.take(), self.audit.take());
+            crate::spawn::clean_up_in_background(pidfd, move || {
+                drop(audit);
+                remove_cgroup(cgroup);
+            });
             return;
         }
+        // Reaped: its marker follows all its records.
+        drop(self.audit.take());
         if let Some(network) = self.network.take() {
             network.give_back(pidfd.as_ref());
         }
@@ -108,11 +117,15 @@ impl Drop for WorkerLease {
             return;
         }
         self.kill();
-        let cgroup = self.cgroup.take();
+        let (cgroup, audit) = (self.cgroup.take(), self.audit.take());
         match self.spawning.take() {
-            Some(spawning) => spawning.abandon(move || remove_cgroup(cgroup)),
+            Some(spawning) => spawning.abandon(move || {
+                drop(audit);
+                remove_cgroup(cgroup);
+            }),
             None => crate::spawn::clean_up_in_background(self.pidfd.take(), move || {
-                remove_cgroup(cgroup)
+                drop(audit);
+                remove_cgroup(cgroup);
             }),
         }
     }

@@ -31,6 +31,7 @@ use airlock_policy::CompiledProfile;
 use crate::cancel::CancelSignal;
 use crate::cgroup::{CgroupParent, CgroupRecycler};
 use crate::egress::{EgressLimits, Resolve, SystemResolver};
+use crate::landlock_audit::LandlockAudit;
 use crate::pool::{Pool, PoolClock, SystemPoolClock};
 use crate::spawn::{IdMapping, SpawnError, Spawner, WorkerImage, WorkerNetwork};
 use crate::sys;
@@ -74,6 +75,12 @@ pub struct SupervisorOptions {
     /// How long a worker told to stop its tool (deadline, cancellation) has to report what
     /// the tool wrote before it is killed without (default [`DEFAULT_STOP_GRACE`]).
     pub stop_grace: Option<std::time::Duration>,
+    /// Read Landlock's refusals from the kernel's audit and list them in each call's
+    /// `denials` (Landlock ABI 7, audit enabled, `CAP_AUDIT_READ`, `CAP_AUDIT_WRITE` and
+    /// `CAP_AUDIT_CONTROL` in the initial namespaces).
+    /// Where the host cannot, the supervisor starts without and says so
+    /// ([`Supervisor::landlock_audit`]); results then say `landlock: unavailable`.
+    pub landlock_audit: bool,
 }
 
 /// A running worker answers a stop within a millisecond or so; one that does not (a
@@ -135,6 +142,21 @@ pub struct Supervisor {
     sandbox_ids: (u32, u32),
     /// Told how long each call waited for its worker (`airlock serve`'s metrics).
     spawn_observer: ObserverSlot,
+    /// The audit reader, when Landlock's refusals are read.
+    landlock_audit: Option<Arc<LandlockAudit>>,
+    /// Whether they were asked for, and why they are not read when they are not.
+    landlock_audit_state: LandlockAuditState,
+}
+
+/// Whether a supervisor reads Landlock's refusals from the audit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LandlockAuditState {
+    /// Not asked for (`SupervisorOptions::landlock_audit` off).
+    Off,
+    /// Read: results list them and say `landlock: reported`.
+    Reading,
+    /// Asked for, but the host cannot: why.
+    Unavailable(String),
 }
 
 /// The supervisor's [`SpawnObserver`], once set (a closure has no `Debug` of its own).
@@ -230,6 +252,18 @@ impl Supervisor {
         if let Ok(parent) = &cgroups {
             parent.remove_stale_worker_cgroups();
         }
+        let (landlock_audit, landlock_audit_state) = if options.landlock_audit {
+            match LandlockAudit::start() {
+                Ok(audit) => (Some(audit), LandlockAuditState::Reading),
+                Err(e) => {
+                    // The CLI's flags and the daemon's start-up say it here, on stderr.
+                    tracing::warn!(error = %e, "Landlock refusals will not be read from the audit");
+                    (None, LandlockAuditState::Unavailable(e.to_string()))
+                }
+            }
+        } else {
+            (None, LandlockAuditState::Off)
+        };
         Ok(Self {
             spawner,
             cgroups,
@@ -253,7 +287,14 @@ impl Supervisor {
             stop_grace: options.stop_grace.unwrap_or(DEFAULT_STOP_GRACE),
             sandbox_ids,
             spawn_observer: ObserverSlot::default(),
+            landlock_audit,
+            landlock_audit_state,
         })
+    }
+
+    /// Whether Landlock's refusals are read from the audit, and why not when asked for.
+    pub fn landlock_audit(&self) -> &LandlockAuditState {
+        &self.landlock_audit_state
     }
 
     /// Sets the one [`SpawnObserver`] of this supervisor; false when one was already set

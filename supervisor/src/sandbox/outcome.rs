@@ -16,8 +16,8 @@ use crate::channel::ChannelError;
 use crate::denials::{SyscallDenials, denials_of};
 use crate::egress::EgressSummary;
 use crate::result::{
-    AppliedLimits, Coverage, DenialReporting, ErrorKind, Isolation, LandlockLevel, ToolError,
-    ToolResult,
+    AppliedLimits, Coverage, Denial, DenialReporting, ErrorKind, Isolation, LandlockLevel,
+    ToolError, ToolResult,
 };
 
 /// What the conversation with a worker produced.
@@ -61,6 +61,8 @@ pub(super) enum Outcome {
         network: Option<EgressSummary>,
         /// The syscalls its seccomp filter refused, when the supervisor answered them.
         seccomp: Option<SyscallDenials>,
+        /// Landlock's refusals read from the audit, when every one of them is known.
+        landlock: Option<Vec<Denial>>,
     },
 }
 
@@ -86,7 +88,7 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
     );
     result.attempts = 1;
     result.duration_ms = facts.duration_ms;
-    let (conversation, cgroup, stats, seccomp) = match outcome {
+    let (conversation, cgroup, stats, seccomp, landlock) = match outcome {
         Outcome::Refused(error) => {
             result.error = Some(error);
             return result;
@@ -97,11 +99,25 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
             stats,
             network,
             seccomp,
+            landlock,
         } => {
             result.network = network;
-            (conversation, cgroup, stats, seccomp)
+            (conversation, cgroup, stats, seccomp, landlock)
         }
     };
+    // Reported only where the worker's domain logged its tool's refusals.
+    let landlock = landlock.filter(|_| match &conversation {
+        Conversation::Finished { applied, .. }
+        | Conversation::TimedOut {
+            applied: Some(applied),
+            ..
+        }
+        | Conversation::Cancelled {
+            applied: Some(applied),
+            ..
+        } => applied.landlock_logged,
+        _ => false,
+    });
     let refused_forks = stats.as_ref().map_or(0, |s| s.pids_limit_hits);
     let mut isolation = Isolation {
         limits: facts.limits.clone(),
@@ -172,9 +188,11 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
         refused_forks,
         &result,
     );
+    let landlock_reported = landlock.is_some();
+    result.denials.extend(landlock.unwrap_or_default());
     isolation.denial_reporting = DenialReporting {
         seccomp: coverage(seccomp.is_some()),
-        landlock: Coverage::Unavailable,
+        landlock: coverage(landlock_reported),
         mounts: coverage(seccomp.as_ref().is_some_and(|s| s.diagnosed)),
         network: coverage(
             result.network.is_some() || seccomp.as_ref().is_some_and(|s| s.diagnosed),
@@ -395,6 +413,7 @@ mod tests {
             landlock_fully_enforced: true,
             seccomp_installed: true,
             seccomp_listener: true,
+            landlock_logged: false,
         }
     }
 
@@ -446,6 +465,7 @@ mod tests {
                 stats: Some(stats(hit)),
                 network: None,
                 seccomp: None,
+                landlock: None,
             },
         )
     }
@@ -753,6 +773,7 @@ mod tests {
             landlock_fully_enforced: false,
             seccomp_installed: false,
             seccomp_listener: false,
+            landlock_logged: false,
             ..applied()
         };
         let late = on_worker(
@@ -791,6 +812,7 @@ mod tests {
                     stats: Some(stats(Hit::Nothing)),
                     network,
                     seccomp,
+                    landlock: None,
                 },
             )
             .isolation

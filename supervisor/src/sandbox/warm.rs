@@ -454,7 +454,7 @@ impl Supervisor {
         let ReadyWorker { mut lease, .. } = holder;
         let _ = finish_worker(&mut lease).await;
         let spawner = spawner?;
-        let mut spec = spec_for(profile, network);
+        let mut spec = spec_for(profile, network, self.landlock_audit.is_some());
         spec.root = airlock_protocol::RootSource::Template;
         spec.mounts = split.per_worker;
         let frames = encode_setup(spec)?;

@@ -41,11 +41,12 @@ impl SetupFrames {
         &self,
         profile: &Arc<CompiledProfile>,
         network: WorkerNetwork,
+        log_landlock: bool,
     ) -> Result<Arc<[u8]>, airlock_protocol::FrameError> {
         // A session's profile (with its workspace) serves one session's cold calls: encoded
         // each time rather than crowding the pooled profiles out of this bounded cache.
         if profile.workspace.is_some() {
-            return encode_setup(spec_for(profile, network));
+            return encode_setup(spec_for(profile, network, log_landlock));
         }
         let mut known = self
             .0
@@ -57,7 +58,7 @@ impl SetupFrames {
         {
             return Ok(Arc::clone(frames));
         }
-        let frames = encode_setup(spec_for(profile, network))?;
+        let frames = encode_setup(spec_for(profile, network, log_landlock))?;
         if known.len() >= Self::MAX {
             known.clear();
         }
@@ -153,6 +154,7 @@ impl Supervisor {
             recycler: Arc::clone(&self.cgroup_spares),
             network: None,
             _template: template.cloned(),
+            audit: None,
         };
         // A call given up already (a deadline of 0, a cancellation before the start) makes
         // nothing: no cgroup, no worker for the spawner to clone and kill again.
@@ -188,7 +190,9 @@ impl Supervisor {
         let handshake = {
             let frames = match template {
                 Some(template) => Ok(Arc::clone(&template.frames)),
-                None => self.setup_frames.get(profile, network),
+                None => self
+                    .setup_frames
+                    .get(profile, network, self.landlock_audit.is_some()),
             };
             let frames = frames.map_err(|e| {
                 Conversation::Broken(ChannelError::Violation(format!(
@@ -311,6 +315,11 @@ impl Supervisor {
             Ok(spawned) => spawned.map_err(spawn_failed)?,
             Err(gave_up) => return Ok(Err(gave_up)),
         };
+        // Before the worker can confine itself (its Setup is not sent yet), so before its
+        // domain can refuse anything.
+        if let Some(audit) = &self.landlock_audit {
+            lease.audit = Some(audit.register(spawned.child.pid()));
+        }
         // From here the lease owns the worker: dropping this future kills and reaps it.
         lease.pidfd = spawned.child.into_pidfd();
         lease.network = spawned.network;
@@ -487,12 +496,16 @@ async fn confine_over(
 }
 
 /// The spec the worker confines itself by: the profile's, told when its network namespace
-/// is the shared one (so it holds the namespace to the conditions that make sharing safe).
+/// is the shared one (so it holds the namespace to the conditions that make sharing safe),
+/// and whether its Landlock domain logs refusals (a supervisor reading them: the same for
+/// every worker it makes).
 pub(super) fn spec_for(
     profile: &CompiledProfile,
     network: WorkerNetwork,
+    log_landlock: bool,
 ) -> airlock_protocol::SandboxSpec {
     let mut spec = profile.spec.clone();
+    spec.landlock.log_denials = log_landlock;
     if network == WorkerNetwork::Shared {
         spec.network = airlock_protocol::NetworkMode::NoneShared;
     }
@@ -516,12 +529,12 @@ mod tests {
     fn setup_frames_are_encoded_once_per_profile_and_network() {
         let frames = SetupFrames::default();
         let profile = default_profile();
-        let fresh = frames.get(&profile, WorkerNetwork::Fresh).unwrap();
+        let fresh = frames.get(&profile, WorkerNetwork::Fresh, false).unwrap();
         assert!(Arc::ptr_eq(
-            &frames.get(&profile, WorkerNetwork::Fresh).unwrap(),
+            &frames.get(&profile, WorkerNetwork::Fresh, false).unwrap(),
             &fresh
         ));
-        let shared = frames.get(&profile, WorkerNetwork::Shared).unwrap();
+        let shared = frames.get(&profile, WorkerNetwork::Shared, false).unwrap();
         assert!(!Arc::ptr_eq(&shared, &fresh));
         // What is sent is the Hello, then the Setup of this profile's spec for that network.
         let decode = |bytes: &[u8]| {
@@ -539,12 +552,12 @@ mod tests {
         let SupervisorMessage::Setup(spec) = setup else {
             panic!("not a setup: {setup:?}");
         };
-        assert_eq!(*spec, spec_for(&profile, WorkerNetwork::Shared));
+        assert_eq!(*spec, spec_for(&profile, WorkerNetwork::Shared, false));
         // Another profile (even with the same content) is encoded for itself.
         let mut changed = CompiledProfile::clone(&profile);
         changed.spec.hostname = "other".into();
         let changed = Arc::new(changed);
-        let (_, setup) = decode(&frames.get(&changed, WorkerNetwork::Fresh).unwrap());
+        let (_, setup) = decode(&frames.get(&changed, WorkerNetwork::Fresh, false).unwrap());
         assert!(matches!(setup, SupervisorMessage::Setup(spec) if spec.hostname == "other"));
     }
 }

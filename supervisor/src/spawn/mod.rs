@@ -176,9 +176,16 @@ pub struct Spawned {
 #[derive(Debug)]
 pub struct ChildProcess {
     pidfd: Option<OwnedFd>,
+    /// Its host pid (what the audit names it by).
+    pid: libc::pid_t,
 }
 
 impl ChildProcess {
+    /// The host pid; the pidfd, not this, is what signals and waits use.
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
     /// Hands the pidfd (and with it the duty to kill and reap) to the caller.
     pub fn into_pidfd(mut self) -> Option<OwnedFd> {
         self.pidfd.take()
@@ -402,6 +409,7 @@ mod tests {
         let spawned = Spawned {
             child: ChildProcess {
                 pidfd: Some(sys::pidfd_open(pid).unwrap()),
+                pid,
             },
             socket: socket.into(),
             exec_report,

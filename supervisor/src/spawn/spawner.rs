@@ -592,6 +592,7 @@ fn spawn_worker(
     }
     let child = ChildProcess {
         pidfd: Some(cloned.pidfd),
+        pid: cloned.pid,
     };
     // On failure, dropping `child` kills and reaps the child (still waiting for release,
     // which never comes: it cannot exec).

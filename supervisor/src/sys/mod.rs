@@ -1,6 +1,7 @@
 //! The supervisor's raw syscalls: the sealed worker image, clone3 into fresh namespaces
 //! ([`clone`]), pidfds. Every `unsafe` block of the supervisor is here, with its invariant.
 
+pub mod audit;
 mod clone;
 mod idmap;
 mod netns;

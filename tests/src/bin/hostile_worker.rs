@@ -68,6 +68,7 @@ fn applied() -> AppliedIsolation {
         landlock_fully_enforced: false,
         seccomp_installed: false,
         seccomp_listener: false,
+        landlock_logged: false,
     }
 }
 

@@ -24,6 +24,7 @@ mod escape_pooled;
 mod gate;
 mod isolation;
 mod kernel_matrix;
+mod landlock_audit;
 mod learn;
 mod library;
 mod limits;
