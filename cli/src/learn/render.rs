@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use airlock_policy::egress::EgressPolicy;
 use airlock_policy::seccomp::DEFAULT_ALLOW;
 use airlock_policy::units::{format_duration, format_size};
 use airlock_policy::validated::{Network, ProcView, Profile};
@@ -51,13 +52,19 @@ pub(super) fn new_policy(
     argv: &[String],
     proposal: &Proposal,
 ) -> anyhow::Result<String> {
+    let learned_network = !proposal.network.allow.is_empty();
     let network = match &base.network {
-        Network::None => "\"none\"",
-        Network::Loopback => "\"loopback\"",
+        Network::Egress(policy) => egress_line(policy, proposal),
+        // The egress proxy's loopback-only namespace is the loopback profile's too.
+        Network::None | Network::Loopback if learned_network => {
+            egress_line(&EgressPolicy::default(), proposal)
+        }
+        Network::None => "\"none\"".to_string(),
+        Network::Loopback => "\"loopback\"".to_string(),
         Network::Host {
             tcp: None,
             udp: false,
-        } => "\"host\"",
+        } => "\"host\"".to_string(),
         _ => anyhow::bail!(
             "profile {:?} has a network setting a new policy cannot restate; learn against the \
              policy file (--policy) to get the additions instead",
@@ -195,6 +202,40 @@ pub(super) fn new_policy(
     Ok(out)
 }
 
+/// `network = { allow = [...], allow_addresses = [...] }`: the base allowlist's entries and
+/// the learned ones (sorted, distinct), with the learned ones' evidence in a comment.
+fn egress_line(base: &EgressPolicy, proposal: &Proposal) -> String {
+    let learned = &proposal.network;
+    let mut allow: Vec<String> = base.hosts().iter().map(ToString::to_string).collect();
+    allow.extend(learned.allow.iter().map(|g| g.entry.clone()));
+    let mut addresses: Vec<String> = base.addresses().iter().map(ToString::to_string).collect();
+    addresses.extend(learned.allow_addresses.iter().map(|g| g.entry.clone()));
+    let list = |mut entries: Vec<String>| {
+        entries.sort();
+        entries.dedup();
+        entries
+            .iter()
+            .map(|e| quoted(e))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut line = format!("{{ allow = [{}]", list(allow));
+    if !addresses.is_empty() {
+        let _ = write!(line, ", allow_addresses = [{}]", list(addresses));
+    }
+    line.push_str(" }");
+    let evidence: Vec<String> = learned
+        .allow
+        .iter()
+        .chain(&learned.allow_addresses)
+        .flat_map(|g| g.evidence.iter().cloned())
+        .collect();
+    if !evidence.is_empty() {
+        let _ = write!(line, "  # learned: {}", evidence.join("; "));
+    }
+    line
+}
+
 /// What learning would add to `base_name` of `policy_name`, one reviewable line each.
 pub(super) fn additions(
     policy_name: &str,
@@ -225,6 +266,27 @@ pub(super) fn additions(
             );
             lines += 1;
         }
+    }
+    for (key, grants) in [
+        ("allow", &proposal.network.allow),
+        ("allow_addresses", &proposal.network.allow_addresses),
+    ] {
+        for grant in grants {
+            let _ = writeln!(
+                out,
+                "+ network {key} {}  # {}",
+                quoted(&grant.entry),
+                grant.evidence.join("; ")
+            );
+            lines += 1;
+        }
+    }
+    if let Some(was) = proposal.network.replaces {
+        let _ = writeln!(
+            out,
+            "~ network {{ allow = [...] }}  # was {was}: the egress proxy with these entries (it has loopback too)"
+        );
+        lines += 1;
     }
     for (name, count) in &proposal.syscalls {
         let _ = writeln!(out, "+ syscalls.allow {}  # made {count}x", quoted(name));
