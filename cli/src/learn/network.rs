@@ -73,7 +73,7 @@ pub(super) fn propose_network(base: &Profile, observed: &Observations) -> Networ
             ));
             continue;
         }
-        if !existing.is_some_and(|policy| policy.check_host(&host, *port).is_ok()) {
+        if existing.is_none_or(|policy| policy.check_host(&host, *port).is_err()) {
             allow.insert(entry.clone(), evidence);
         }
         for address in &proxied.non_public {
