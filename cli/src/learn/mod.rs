@@ -140,8 +140,9 @@ fn learn(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         "airlock: learn: running {:?} less confined than profile {base_name:?}: it also sees {} \
          read-only{}, the syscalls its allowlist lacks are let through (each recorded), its \
          file syscalls are watched, and its network is the egress proxy letting through and \
-         recording every destination it asks for (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY). Review \
-         what it did before trusting the result.",
+         recording every destination it asks for (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY), this \
+         host's loopback and private networks included. Review what it did before trusting \
+         the result.",
         argv.join(" "),
         widened.join(", "),
         if write_dirs.is_empty() {
