@@ -3,8 +3,11 @@
 //! connected or sent to. Filled by the seccomp listener of a learning run, whose program
 //! hands those syscalls over to be recorded and then let run; nothing here decides
 //! anything, so what a tool does to its own memory meanwhile only spoils its own profile.
+//! The destinations it asked the egress proxy for come from the proxy's events
+//! ([`RecordProxied`]), whose recording policy let each one through.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -16,6 +19,11 @@ const MAX_PATHS: usize = 20_000;
 const MAX_DESTINATIONS: usize = 1_000;
 /// Longest path read from a tool's memory.
 const PATH_MAX: usize = 4096;
+/// Most distinct destinations asked of the egress proxy that are kept: well under the
+/// proxy's own connection limit, so that a command asking for many is seen to be cut off.
+pub const MAX_PROXIED: usize = 256;
+/// Most non-public addresses kept per proxied destination.
+const MAX_ADDRESSES_KEPT: usize = 4;
 
 /// How a path was used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -46,6 +54,13 @@ pub struct Observations {
     pub outside_allowlist: BTreeMap<&'static str, u64>,
     /// `address:port`, or `unix:PATH`, the command connected, bound or sent to.
     pub destinations: BTreeMap<String, u64>,
+    /// Destinations asked of the egress proxy and let through, by (host as asked, port).
+    pub proxied: BTreeMap<(String, u16), Proxied>,
+    /// Connections to the proxy for destinations past [`MAX_PROXIED`], not kept.
+    pub proxied_dropped: u64,
+    /// Connections the proxy refused while learning (its per-call limits, malformed
+    /// requests, addresses that are never a destination).
+    pub proxy_refused: u64,
     /// Observed syscalls whose path could not be read.
     pub unreadable: u64,
     /// Observations past the bounds.
@@ -54,6 +69,60 @@ pub struct Observations {
 
 /// Where a learning run's listener records what it sees.
 pub type ObservationLog = Arc<Mutex<Observations>>;
+
+/// One destination asked of the egress proxy while learning.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Proxied {
+    /// How it was asked (`CONNECT`, `HTTP` for an absolute-form request, `SOCKS5`), and
+    /// how many times.
+    pub asked: BTreeMap<&'static str, u64>,
+    /// The loopback, private or link-local addresses it was connected to (a profile needs
+    /// `allow_addresses` for them), at most a few.
+    pub non_public: BTreeSet<IpAddr>,
+}
+
+/// Records each connection of a learning run's egress proxy into the observation log.
+#[derive(Debug, Clone)]
+pub struct RecordProxied(pub ObservationLog);
+
+impl crate::egress::EventSink for RecordProxied {
+    fn record(&self, event: &crate::egress::EgressEvent) {
+        use crate::egress::proxy::EgressKind;
+        let mut log = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let asked = match event.kind {
+            EgressKind::Connect => "CONNECT",
+            EgressKind::Forward => "HTTP",
+            EgressKind::Socks5 => "SOCKS5",
+            EgressKind::Unknown => "",
+        };
+        // The proxy parsed the host (a name is at most 253 bytes); the length check only
+        // keeps this bound where it is recorded.
+        if !event.allowed
+            || asked.is_empty()
+            || event.port == 0
+            || event.host.is_empty()
+            || event.host.len() > airlock_policy::egress::MAX_ENTRY_LEN
+        {
+            log.proxy_refused = log.proxy_refused.saturating_add(1);
+            return;
+        }
+        let key = (event.host.clone(), event.port);
+        let known = log.proxied.contains_key(&key);
+        if !known && log.proxied.len() >= MAX_PROXIED {
+            log.proxied_dropped = log.proxied_dropped.saturating_add(1);
+            return;
+        }
+        let entry = log.proxied.entry(key).or_default();
+        let count = entry.asked.entry(asked).or_default();
+        *count = count.saturating_add(1);
+        if let Some(address) = event.address
+            && !airlock_policy::egress::classify(address.ip()).is_public()
+            && entry.non_public.len() < MAX_ADDRESSES_KEPT
+        {
+            entry.non_public.insert(address.ip().to_canonical());
+        }
+    }
+}
 
 /// What a call's seccomp listener does besides answering refusals.
 #[derive(Debug, Clone, Default)]
@@ -388,6 +457,69 @@ mod tests {
         assert_eq!(normalise(Path::new("/usr/lib/../bin/./sh")), "/usr/bin/sh");
         assert_eq!(normalise(Path::new("/..")), "/");
         assert_eq!(normalise(Path::new("/a//b/")), "/a/b");
+    }
+
+    fn proxied(host: &str, port: u16, address: &str) -> crate::egress::EgressEvent {
+        crate::egress::EgressEvent {
+            kind: crate::egress::proxy::EgressKind::Connect,
+            host: host.into(),
+            port,
+            address: Some(std::net::SocketAddr::new(address.parse().unwrap(), port)),
+            allowed: true,
+            rule_or_reason: "any destination (recording)".into(),
+            bytes_up: 0,
+            bytes_down: 0,
+            end: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_command_asking_the_proxy_for_many_destinations_is_recorded_within_bounds() {
+        use crate::egress::EventSink;
+        let log = ObservationLog::default();
+        let sink = RecordProxied(Arc::clone(&log));
+        for i in 0..10_000u32 {
+            let host = format!("h{i}.example");
+            sink.record(&proxied(&host, 443, "93.184.216.34"));
+        }
+        // The same destination again is counted, not added.
+        sink.record(&proxied("h0.example", 443, "93.184.216.34"));
+        // A host longer than any entry, however the proxy came to pass it, is not kept.
+        sink.record(&proxied(&"a".repeat(5_000), 443, "93.184.216.34"));
+        let mut refused = proxied("refused.example", 443, "93.184.216.34");
+        refused.allowed = false;
+        sink.record(&refused);
+        let log = log.lock().unwrap();
+        assert_eq!(log.proxied.len(), MAX_PROXIED);
+        assert_eq!(log.proxied_dropped, 10_000 - MAX_PROXIED as u64);
+        assert_eq!(log.proxy_refused, 2);
+        let first = &log.proxied[&("h0.example".to_string(), 443)];
+        assert_eq!(first.asked["CONNECT"], 2);
+        assert!(first.non_public.is_empty());
+    }
+
+    #[test]
+    fn a_proxied_destination_keeps_the_non_public_addresses_it_reached() {
+        use crate::egress::EventSink;
+        let log = ObservationLog::default();
+        let sink = RecordProxied(Arc::clone(&log));
+        sink.record(&proxied("127.0.0.1", 8080, "127.0.0.1"));
+        for i in 1..=10u8 {
+            sink.record(&proxied("intranet.example", 80, &format!("10.0.0.{i}")));
+        }
+        let log = log.lock().unwrap();
+        let local = &log.proxied[&("127.0.0.1".to_string(), 8080)];
+        assert_eq!(
+            local.non_public.iter().collect::<Vec<_>>(),
+            [&"127.0.0.1".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(
+            log.proxied[&("intranet.example".to_string(), 80)]
+                .non_public
+                .len(),
+            MAX_ADDRESSES_KEPT
+        );
     }
 
     #[test]

@@ -6,12 +6,16 @@
 //! `/srv` and the `/usr` family) read-only, the directories given with `--read` and
 //! `--write`, and the learning form of the seccomp program, which hands every syscall that
 //! names a path or a destination, and every syscall outside the allowlist that a profile
-//! could allow, to the supervisor to be recorded and then let run. That is less confined
-//! than the base profile, and the learner says so before it runs anything. Everything else
-//! — namespaces, Landlock on the widened view, the never-allowed syscalls, cgroup limits,
-//! the network — stays as the base profile has it. The learner never writes the policy file
-//! it was given.
+//! could allow, to the supervisor to be recorded and then let run. Its network is the egress
+//! proxy with a recording policy: every destination the command asks for is let through
+//! and recorded (the base's allowlist, if any, is kept), and a direct connection around the
+//! proxy finds no route, as in any sandbox. Never the host's network, whatever the base says.
+//! That is less confined than the base profile, and the learner says so before it runs
+//! anything. Everything else — namespaces, Landlock on the widened view, the never-allowed
+//! syscalls, cgroup limits — stays as the base profile has it. The learner never writes the
+//! policy file it was given.
 
+mod network;
 mod propose;
 mod render;
 
@@ -22,9 +26,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use airlock::observe::Observations;
 use airlock::{SandboxRun, Supervisor};
 use airlock_policy::compile::compile_profile_as;
+use airlock_policy::egress::EgressPolicy;
 use airlock_policy::seccomp::Form;
+use airlock_policy::seccomp::SocketFamilies;
 use airlock_policy::validate::{ValidatedPolicy, validate_policy};
-use airlock_policy::validated::{PathGrant, Profile};
+use airlock_policy::validated::{Network, PathGrant, Profile};
 use airlock_policy::{PolicyError, Source, load_policy_str, parse_policy_str, presets};
 
 use propose::{Host, PathKind, propose};
@@ -132,8 +138,11 @@ fn learn(args: &LearnArgs) -> anyhow::Result<ExitCode> {
     let (learning, widened) = learning_profile(&base, &read_dirs, &write_dirs, args)?;
     eprintln!(
         "airlock: learn: running {:?} less confined than profile {base_name:?}: it also sees {} \
-         read-only{}, the syscalls its allowlist lacks are let through (each recorded), and its \
-         file syscalls are watched. Review what it did before trusting the result.",
+         read-only{}, the syscalls its allowlist lacks are let through (each recorded), its \
+         file syscalls are watched, and its network is the egress proxy letting through and \
+         recording every destination it asks for (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY), this \
+         host's loopback and private networks included. Review what it did before trusting \
+         the result.",
         argv.join(" "),
         widened.join(", "),
         if write_dirs.is_empty() {
@@ -162,6 +171,15 @@ fn learn(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         result.usage.peak_memory_bytes,
         &RealHost,
     );
+    if observed.proxied_dropped > 0 {
+        eprintln!(
+            "airlock: learn: the command asked the proxy for more than {} destinations; only \
+             the first {} are in the result ({} connection(s) past them were not recorded)",
+            airlock::observe::MAX_PROXIED,
+            airlock::observe::MAX_PROXIED,
+            observed.proxied_dropped
+        );
+    }
     let text = match &args.policy {
         Some(_) => render::additions(
             &policy_name,
@@ -379,6 +397,14 @@ fn learning_profile(
             });
         }
     }
+    // The proxy, recording: a learning run never gets the host's network, and a base
+    // without the network gets one it can be seen to use.
+    let allowlist = match &base.network {
+        Network::Egress(policy) => policy.clone(),
+        _ => EgressPolicy::default(),
+    };
+    learning.network = Network::Egress(allowlist.recording());
+    learning.syscalls.families = SocketFamilies::UnixAndInet;
     if let Some(timeout) = &args.timeout {
         learning.limits.timeout = airlock_policy::units::parse_duration(timeout)
             .map_err(|e| anyhow::anyhow!("--timeout: {e}"))?;

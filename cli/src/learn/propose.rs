@@ -1,13 +1,16 @@
 //! From what a learning run observed to what the profile needs: the paths it read, wrote
 //! and executed that its base profile does not already grant, collapsed to sensible
 //! directories (never `/`, a home directory or a top-level tree like `/etc` wholesale), the
-//! syscalls it made outside the allowlist, and limits with headroom over what it used.
+//! syscalls it made outside the allowlist, limits with headroom over what it used, and
+//! the destinations it asked the egress proxy for ([`super::network`]).
 //! Pure apart from the [`Host`] it asks about paths, so every rule is tested on a fake.
 
 use std::collections::BTreeMap;
 
 use airlock::observe::{Access, Observations};
 use airlock_policy::validated::Profile;
+
+use super::network::{NetworkProposal, propose_network};
 
 /// What the learner asks of the host's filesystem.
 pub(super) trait Host {
@@ -78,6 +81,9 @@ pub(super) struct Proposal {
     pub(super) syscalls: Vec<(String, u64)>,
     /// Memory limit, with headroom over the peak seen.
     pub(super) memory_bytes: Option<u64>,
+    /// Network entries, from the destinations asked of the proxy (its notes are moved to
+    /// `notes`).
+    pub(super) network: NetworkProposal,
     /// Things seen and not granted, for the reviewer.
     pub(super) notes: Vec<String>,
 }
@@ -185,11 +191,8 @@ pub(super) fn propose(
             "not granted: {path} itself (too broad to grant whole)"
         ));
     }
-    for (destination, count) in &observed.destinations {
-        proposal.notes.push(format!(
-            "not granted: the command reached for {destination} ({count}x); the network stays as the base profile has it"
-        ));
-    }
+    proposal.network = propose_network(base, observed);
+    proposal.notes.append(&mut proposal.network.notes);
     if observed.unreadable > 0 {
         proposal.notes.push(format!(
             "{} path argument(s) could not be read (null or unmapped)",

@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use airlock_policy::egress::EgressPolicy;
 use airlock_policy::seccomp::DEFAULT_ALLOW;
 use airlock_policy::units::{format_duration, format_size};
 use airlock_policy::validated::{Network, ProcView, Profile};
@@ -14,6 +15,22 @@ use super::propose::{Grant, Proposal};
 /// A TOML basic string (JSON's escapes are TOML's).
 fn quoted(text: &str) -> String {
     serde_json::to_string(text).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// `text` fit for a comment: every control character (a newline would end the comment and
+/// let what follows be read as policy) written as its escape. Evidence quotes what the
+/// command named, which it chose.
+fn comment(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
 }
 
 /// One array of paths, one per line, the learned ones with their evidence.
@@ -30,7 +47,7 @@ fn path_array(out: &mut String, key: &str, kept: &[String], learned: &[Grant]) {
             out,
             "  {},  # learned: {}",
             quoted(&grant.path),
-            grant.evidence.join("; ")
+            comment(&grant.evidence.join("; "))
         );
     }
     let _ = writeln!(out, "]");
@@ -51,13 +68,19 @@ pub(super) fn new_policy(
     argv: &[String],
     proposal: &Proposal,
 ) -> anyhow::Result<String> {
+    let learned_network = !proposal.network.allow.is_empty();
     let network = match &base.network {
-        Network::None => "\"none\"",
-        Network::Loopback => "\"loopback\"",
+        Network::Egress(policy) => egress_line(policy, proposal),
+        // The egress proxy's loopback-only namespace is the loopback profile's too.
+        Network::None | Network::Loopback if learned_network => {
+            egress_line(&EgressPolicy::default(), proposal)
+        }
+        Network::None => "\"none\"".to_string(),
+        Network::Loopback => "\"loopback\"".to_string(),
         Network::Host {
             tcp: None,
             udp: false,
-        } => "\"host\"",
+        } => "\"host\"".to_string(),
         _ => anyhow::bail!(
             "profile {:?} has a network setting a new policy cannot restate; learn against the \
              policy file (--policy) to get the additions instead",
@@ -80,7 +103,7 @@ pub(super) fn new_policy(
     let _ = writeln!(
         out,
         "# Learned by `airlock learn` for: {}",
-        argv.join(" ").replace('\n', " ")
+        comment(&argv.join(" "))
     );
     let _ = writeln!(
         out,
@@ -88,7 +111,7 @@ pub(super) fn new_policy(
         base.name
     );
     for note in &proposal.notes {
-        let _ = writeln!(out, "# note: {note}");
+        let _ = writeln!(out, "# note: {}", comment(note));
     }
     let _ = writeln!(out, "version = 1\n\n[profiles.{}]", quoted(name));
     let paths = |optional: bool, grants: &[airlock_policy::validated::PathGrant]| -> Vec<String> {
@@ -195,6 +218,40 @@ pub(super) fn new_policy(
     Ok(out)
 }
 
+/// `network = { allow = [...], allow_addresses = [...] }`: the base allowlist's entries and
+/// the learned ones (sorted, distinct), with the learned ones' evidence in a comment.
+fn egress_line(base: &EgressPolicy, proposal: &Proposal) -> String {
+    let learned = &proposal.network;
+    let mut allow: Vec<String> = base.hosts().iter().map(ToString::to_string).collect();
+    allow.extend(learned.allow.iter().map(|g| g.entry.clone()));
+    let mut addresses: Vec<String> = base.addresses().iter().map(ToString::to_string).collect();
+    addresses.extend(learned.allow_addresses.iter().map(|g| g.entry.clone()));
+    let list = |mut entries: Vec<String>| {
+        entries.sort();
+        entries.dedup();
+        entries
+            .iter()
+            .map(|e| quoted(e))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut line = format!("{{ allow = [{}]", list(allow));
+    if !addresses.is_empty() {
+        let _ = write!(line, ", allow_addresses = [{}]", list(addresses));
+    }
+    line.push_str(" }");
+    let evidence: Vec<String> = learned
+        .allow
+        .iter()
+        .chain(&learned.allow_addresses)
+        .flat_map(|g| g.evidence.iter().cloned())
+        .collect();
+    if !evidence.is_empty() {
+        let _ = write!(line, "  # learned: {}", comment(&evidence.join("; ")));
+    }
+    line
+}
+
 /// What learning would add to `base_name` of `policy_name`, one reviewable line each.
 pub(super) fn additions(
     policy_name: &str,
@@ -208,7 +265,7 @@ pub(super) fn additions(
     let _ = writeln!(
         out,
         "# What `airlock learn` would add to profile {base_name:?} of {policy_name} for: {}",
-        argv.join(" ").replace('\n', " ")
+        comment(&argv.join(" "))
     );
     let _ = writeln!(
         out,
@@ -221,10 +278,31 @@ pub(super) fn additions(
                 out,
                 "+ {key} {}  # {}",
                 quoted(&grant.path),
-                grant.evidence.join("; ")
+                comment(&grant.evidence.join("; "))
             );
             lines += 1;
         }
+    }
+    for (key, grants) in [
+        ("allow", &proposal.network.allow),
+        ("allow_addresses", &proposal.network.allow_addresses),
+    ] {
+        for grant in grants {
+            let _ = writeln!(
+                out,
+                "+ network {key} {}  # {}",
+                quoted(&grant.entry),
+                comment(&grant.evidence.join("; "))
+            );
+            lines += 1;
+        }
+    }
+    if let Some(was) = proposal.network.replaces {
+        let _ = writeln!(
+            out,
+            "~ network {{ allow = [...] }}  # was {was}: the egress proxy with these entries (it has loopback too)"
+        );
+        lines += 1;
     }
     for (name, count) in &proposal.syscalls {
         let _ = writeln!(out, "+ syscalls.allow {}  # made {count}x", quoted(name));
@@ -254,7 +332,99 @@ pub(super) fn additions(
         );
     }
     for note in &proposal.notes {
-        let _ = writeln!(out, "# note: {note}");
+        let _ = writeln!(out, "# note: {}", comment(note));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::learn::network::{NetworkGrant, NetworkProposal};
+
+    fn default_profile() -> Profile {
+        let text = airlock_policy::presets::preset_text("default").unwrap();
+        let file = airlock_policy::parse_policy_str(text, "default.toml").unwrap();
+        let (mut valid, _) = airlock_policy::validate::validate_policy(
+            &file,
+            airlock_policy::Source::new("default.toml", text),
+        )
+        .unwrap();
+        valid.profiles.remove("default").unwrap()
+    }
+
+    #[test]
+    fn evidence_a_command_named_cannot_add_lines_to_the_learned_policy() {
+        let hostile = "openat /ws/x\n[profiles.evil]\nread = [\"/\"]\r\n# (1x)";
+        let proposal = Proposal {
+            write: vec![Grant {
+                path: "/ws".into(),
+                evidence: vec![hostile.into()],
+            }],
+            network: NetworkProposal {
+                allow: vec![NetworkGrant {
+                    entry: "example.com:443".into(),
+                    evidence: vec![format!("CONNECT {hostile}")],
+                }],
+                ..NetworkProposal::default()
+            },
+            notes: vec![format!("not granted: {hostile}")],
+            ..Proposal::default()
+        };
+        let argv = vec!["sh".to_string(), "-c".into(), hostile.into()];
+        let text = new_policy(
+            "learned",
+            &default_profile(),
+            "preset:default",
+            &argv,
+            &proposal,
+        )
+        .unwrap();
+        let file = airlock_policy::parse_policy_str(&text, "learned.toml").unwrap();
+        let (valid, _) = airlock_policy::validate::validate_policy(
+            &file,
+            airlock_policy::Source::new("l", &text),
+        )
+        .unwrap();
+        assert_eq!(
+            valid.profiles.keys().collect::<Vec<_>>(),
+            ["learned"],
+            "{text}"
+        );
+        let learned = &valid.profiles["learned"];
+        assert!(learned.read.iter().all(|g| g.path != "/"), "{text}");
+        assert!(text.contains("\\n[profiles.evil]"), "{text}");
+    }
+
+    #[test]
+    fn a_learned_allowlist_keeps_the_bases_entries_sorted_and_once() {
+        let text = "version = 1\n[profiles.p]\nnetwork = { allow = [\"pypi.org\", \"b.example:8443\"], allow_addresses = [\"10.0.0.0/8\"] }\n";
+        let file = airlock_policy::parse_policy_str(text, "p.toml").unwrap();
+        let (mut valid, _) = airlock_policy::validate::validate_policy(
+            &file,
+            airlock_policy::Source::new("p", text),
+        )
+        .unwrap();
+        let base = valid.profiles.remove("p").unwrap();
+        let Network::Egress(policy) = &base.network else {
+            panic!("not egress");
+        };
+        let proposal = Proposal {
+            network: NetworkProposal {
+                allow: vec![NetworkGrant {
+                    entry: "a.example:443".into(),
+                    evidence: vec!["CONNECT a.example:443 (2x)".into()],
+                }],
+                ..NetworkProposal::default()
+            },
+            ..Proposal::default()
+        };
+        assert_eq!(
+            egress_line(policy, &proposal),
+            "{ allow = [\"a.example:443\", \"b.example:8443\", \"pypi.org\"], allow_addresses = \
+             [\"10.0.0.0/8\"] }  # learned: CONNECT a.example:443 (2x)"
+        );
+    }
 }

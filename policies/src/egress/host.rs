@@ -353,6 +353,9 @@ pub enum HostPattern {
     Below(String),
     /// Exactly this IP literal (IPv4-mapped IPv6 compared as its IPv4 address).
     Ip(IpAddr),
+    /// Every host. No entry parses to it: only a recording policy's catch-all rule has it
+    /// (see `EgressPolicy::recording`).
+    Any,
 }
 
 impl HostPattern {
@@ -366,6 +369,7 @@ impl HostPattern {
                 .and_then(|head| head.strip_suffix('.'))
                 .is_some_and(|head| !head.is_empty()),
             (HostPattern::Ip(want), Host::Ip(ip)) => want.to_canonical() == ip.to_canonical(),
+            (HostPattern::Any, _) => true,
             _ => false,
         }
     }
@@ -380,6 +384,12 @@ pub struct HostRule {
 }
 
 impl HostRule {
+    /// The rule of a recording policy that admits every host on every port.
+    pub(super) const RECORD_ALL: HostRule = HostRule {
+        pattern: HostPattern::Any,
+        port: None,
+    };
+
     /// Parses one entry.
     pub fn parse(text: &str) -> Result<Self, AllowParseError> {
         check_entry(text)?;
@@ -425,6 +435,7 @@ impl fmt::Display for HostRule {
             (HostPattern::Below(suffix), _) => write!(f, "*.{suffix}")?,
             (HostPattern::Ip(IpAddr::V6(ip)), Some(_)) => write!(f, "[{ip}]")?,
             (HostPattern::Ip(ip), _) => write!(f, "{ip}")?,
+            (HostPattern::Any, _) => return f.write_str("any destination (recording)"),
         }
         match self.port {
             Some(port) => write!(f, ":{port}"),

@@ -120,7 +120,12 @@ pub enum Decision {
 pub struct EgressPolicy {
     hosts: Vec<HostRule>,
     addresses: Vec<Cidr>,
+    /// Admits every destination its rules do not (`airlock learn`, which records them).
+    recording: bool,
 }
+
+/// The rule a recording policy admits an unlisted destination by.
+static RECORD_ALL: HostRule = HostRule::RECORD_ALL;
 
 /// Which list a bad entry is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,7 +151,11 @@ pub struct EntryError {
 impl EgressPolicy {
     /// A policy of parsed rules.
     pub fn new(hosts: Vec<HostRule>, addresses: Vec<Cidr>) -> Self {
-        EgressPolicy { hosts, addresses }
+        EgressPolicy {
+            hosts,
+            addresses,
+            recording: false,
+        }
     }
 
     /// Parses both lists; the first bad entry is the error.
@@ -176,7 +185,28 @@ impl EgressPolicy {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(EgressPolicy { hosts, addresses })
+        Ok(EgressPolicy {
+            hosts,
+            addresses,
+            recording: false,
+        })
+    }
+
+    /// This policy made a recording one, for a learning run: what its rules admit they
+    /// still admit (by their own rule), and every other host and port is admitted too, by
+    /// the catch-all rule, with any address the policy would refuse as loopback, private or
+    /// link-local. Addresses that are never a destination stay refused, and an IP literal
+    /// still connects only to itself. Never the policy of a call: a learning run's proxy
+    /// lets the command reach whatever it asks for so that the learner can see what that is.
+    #[must_use]
+    pub fn recording(mut self) -> Self {
+        self.recording = true;
+        self
+    }
+
+    /// Whether this is a recording policy ([`recording`](Self::recording)).
+    pub fn is_recording(&self) -> bool {
+        self.recording
     }
 
     /// The host rules.
@@ -203,6 +233,9 @@ impl EgressPolicy {
                 }
                 named = true;
             }
+        }
+        if self.recording {
+            return Ok(&RECORD_ALL);
         }
         Err(if named {
             DenyReason::PortNotAllowed
@@ -235,6 +268,9 @@ impl EgressPolicy {
         match self.addresses.iter().find(|cidr| cidr.contains(address)) {
             Some(cidr) => Decision::Allowed {
                 rule: format!("{rule} via {cidr}"),
+            },
+            None if self.recording => Decision::Allowed {
+                rule: format!("{rule}, {class} address (recording)"),
             },
             None => Decision::Denied {
                 reason: DenyReason::AddressNotAllowed { address, class },

@@ -531,3 +531,58 @@ fn policy_parse_names_the_bad_entry() {
     assert_eq!(err.index, 1);
     assert_eq!(err.error.offset(), 3);
 }
+
+#[test]
+fn a_recording_policy_admits_every_destination_but_those_never_allowed() {
+    let base = EgressPolicy::parse(&["example.com:443"], &[] as &[&str]).unwrap();
+    assert!(!base.is_recording());
+    let recording = base.clone().recording();
+    assert!(recording.is_recording());
+    // Its own rules still admit by their own name.
+    let listed = recording.decide(&name("example.com"), 443, ip("93.184.216.34"));
+    assert_eq!(
+        listed,
+        Decision::Allowed {
+            rule: "example.com:443".into()
+        }
+    );
+    // Anything else is admitted by the catch-all, non-public addresses included.
+    for (host, port, address) in [
+        ("other.example", 8443, "93.184.216.34"),
+        ("example.com", 80, "93.184.216.34"),
+        ("127.0.0.1", 9, "127.0.0.1"),
+        ("intranet.example", 80, "10.0.0.5"),
+    ] {
+        let host = Host::parse(host).unwrap();
+        assert!(
+            matches!(
+                recording.decide(&host, port, ip(address)),
+                Decision::Allowed { .. }
+            ),
+            "{host}:{port} via {address}"
+        );
+        assert!(
+            matches!(
+                base.decide(&host, port, ip(address)),
+                Decision::Denied { .. }
+            ),
+            "{host}:{port} via {address}"
+        );
+    }
+    // Never a destination, recording or not; port 0 is none either; a literal is itself.
+    for (host, port, address) in [
+        ("any.example", 80, "0.0.0.0"),
+        ("any.example", 80, "224.0.0.1"),
+        ("any.example", 0, "93.184.216.34"),
+        ("1.2.3.4", 80, "5.6.7.8"),
+    ] {
+        let host = Host::parse(host).unwrap();
+        assert!(
+            matches!(
+                recording.decide(&host, port, ip(address)),
+                Decision::Denied { .. }
+            ),
+            "{host}:{port} via {address}"
+        );
+    }
+}

@@ -17,7 +17,7 @@ use crate::cancel::CancelSignal;
 use crate::channel::{ChannelError, WorkerChannel};
 use crate::denials::{SeccompWatch, SyscallDenials};
 use crate::egress::{EgressSummary, EventSink};
-use crate::observe::{ObservationLog, Watching};
+use crate::observe::{ObservationLog, RecordProxied, Watching};
 use crate::result::{AppliedLimits, ErrorKind, ToolError, ToolResult};
 
 impl Supervisor {
@@ -45,7 +45,10 @@ impl Supervisor {
     /// syscalls are recorded into `log` and let run. Always in a fresh worker, never a
     /// pooled one.
     pub async fn run_learning(&self, run: SandboxRun, log: ObservationLog) -> ToolResult {
-        Box::pin(self.run_with(run, None, None, Watching::Learn(log))).await
+        // Its proxy (the learner gives it a recording policy) records every destination
+        // asked for into the same log.
+        let proxied: Arc<dyn EventSink> = Arc::new(RecordProxied(Arc::clone(&log)));
+        Box::pin(self.run_with(run, None, Some(proxied), Watching::Learn(log))).await
     }
 
     async fn run_with(

@@ -1,7 +1,9 @@
 //! `airlock learn`: the profile it writes for real programs passes `airlock check`, runs
 //! the same command again with no denial, and grants neither `/`, a home directory, `/etc`
 //! wholesale nor the network the program did not use; against a policy file it prints what
-//! it would add, with evidence, and never writes the file.
+//! it would add, with evidence, and never writes the file. A program fetching through the
+//! egress proxy learns exactly the destinations it asked for, and no more than a bound of
+//! them however many it asks for.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -59,6 +61,19 @@ fn learned_profile_in(
     args: &[&str],
     command: &[&str],
 ) -> (PathBuf, Profile) {
+    let (path, profile, text) = learned_policy_in(cwd, dir, args, command);
+    // A command that used no network is granted none.
+    assert_eq!(profile.network, Network::None, "{text}");
+    (path, profile)
+}
+
+/// As [`learned_profile_in`], whatever the learned network, with the policy's text.
+fn learned_policy_in(
+    cwd: &Path,
+    dir: &Path,
+    args: &[&str],
+    command: &[&str],
+) -> (PathBuf, Profile, String) {
     let out = learn_in(cwd, args, command);
     assert!(
         out.status.success(),
@@ -101,8 +116,7 @@ fn learned_profile_in(
             "a home directory granted:\n{text}"
         );
     }
-    assert_eq!(profile.network, Network::None, "{text}");
-    (path, profile)
+    (path, profile, text)
 }
 
 /// Runs `command` under the learned profile: it must succeed with nothing refused.
@@ -324,4 +338,201 @@ decision = "deny"
         String::from_utf8_lossy(&denied.stderr).contains("the gate denies this call"),
         "{denied:?}"
     );
+}
+
+/// An HTTP server on this host's loopback answering every request with `body`; it serves
+/// until the test process ends.
+fn upstream(body: &'static str) -> u16 {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                line.clear();
+            }
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// Whether a sandbox here can have the egress proxy; says why when it cannot (an
+/// unprivileged supervisor on a host that refuses it what the proxy's namespace needs).
+fn egress_available(dir: &Path) -> bool {
+    let policy = dir.join("probe.toml");
+    let text = "version = 1\n[profiles.probe]\nread = [\"/usr\"]\nread_optional = [\"/bin\", \"/lib\", \"/lib64\", \"/etc/ld.so.cache\"]\nnetwork = { allow = [\"127.0.0.1:9\"] }\n";
+    std::fs::write(&policy, text).unwrap();
+    let result = exec_json(
+        Some(&policy),
+        &["--profile", "probe"],
+        &["/bin/sh", "-c", "test -n \"$HTTP_PROXY\""],
+    );
+    if result["ok"] == true {
+        return true;
+    }
+    assert!(
+        std::env::var("AIRLOCK_MUST_WORK").as_deref() != Ok("1")
+            || result["error"]["kind"] == "sandbox_unavailable",
+        "the egress probe failed for another reason: {result}"
+    );
+    eprintln!(
+        "SKIP: the egress proxy is unavailable here, so nothing can be learned through it: {result}"
+    );
+    false
+}
+
+/// Fetches `argv[1]` through the proxy the environment names, prints the body; then tries
+/// one direct connection around the proxy, which has no route in the sandbox.
+const FETCH: &str = "import socket, sys, urllib.request
+print(urllib.request.urlopen(sys.argv[1]).read().decode(), end='')
+s = socket.socket()
+try:
+    s.connect(('192.0.2.1', 80))
+except OSError:
+    pass
+";
+
+#[test]
+fn a_fetch_through_the_proxy_learns_exactly_that_destination_and_runs_under_it() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() || !installed("python3") {
+        return;
+    }
+    let out_dir = scratch("learn-net", false);
+    if !egress_available(&out_dir.0) {
+        return;
+    }
+    let port = upstream("fetched\n");
+    let url = format!("http://127.0.0.1:{port}/data");
+    let command = ["python3", "-c", FETCH, url.as_str()];
+    // The default profile has no network: the fetch fails there.
+    assert_eq!(exec_json(None, &[], &command)["ok"], false);
+    let out = learn(&[], &command);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // It says, before running, that the proxy lets everything through while learning.
+    assert!(
+        stderr.contains("recording every destination it asks for"),
+        "{stderr}"
+    );
+    let (policy, profile, text) = learned_policy_in(Path::new("/"), &out_dir.0, &[], &command);
+    let Network::Egress(allowlist) = &profile.network else {
+        panic!("no egress allowlist learned:\n{text}");
+    };
+    let hosts: Vec<String> = allowlist.hosts().iter().map(ToString::to_string).collect();
+    assert_eq!(hosts, [format!("127.0.0.1:{port}")], "{text}");
+    let addresses: Vec<String> = allowlist
+        .addresses()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(addresses, ["127.0.0.1/32"], "{text}");
+    assert!(
+        text.contains(&format!("# learned: HTTP 127.0.0.1:{port} (1x)")),
+        "{text}"
+    );
+    // The direct connection is evidence, not a grant.
+    assert!(
+        text.contains("192.0.2.1:80 (1x) addressed directly, around the egress proxy"),
+        "{text}"
+    );
+    assert_eq!(runs_clean(&policy, &command), "fetched\n");
+    // Another destination stays refused.
+    let other = format!("http://127.0.0.1:{}/data", upstream("other\n"));
+    let refused = exec_json(
+        Some(&policy),
+        &["--profile", "learned"],
+        &["python3", "-c", FETCH, other.as_str()],
+    );
+    assert_eq!(refused["ok"], false, "{refused}");
+    assert_eq!(refused["network"]["refused"], 1, "{refused}");
+}
+
+#[test]
+fn learning_against_an_allowlist_keeps_it_and_adds_the_new_destination_with_evidence() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() || !installed("python3") {
+        return;
+    }
+    let data = scratch("learn-net-diff", false);
+    if !egress_available(&data.0) {
+        return;
+    }
+    let port = upstream("fetched\n");
+    let text = "version = 1\n[profiles.base]\nread = [\"/usr\"]\nread_optional = [\"/bin\", \"/lib\", \"/lib64\", \"/etc\"]\ntmpfs = { \"/tmp\" = \"16MiB\" }\nnetwork = { allow = [\"pypi.org\"] }\n";
+    let policy = data.write("policy.toml", text);
+    let url = format!("http://127.0.0.1:{port}/");
+    let out = learn(
+        &[
+            "--policy",
+            &policy.display().to_string(),
+            "--profile",
+            "base",
+        ],
+        &["python3", "-c", FETCH, &url],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let allow = format!("+ network allow \"127.0.0.1:{port}\"  # HTTP 127.0.0.1:{port} (1x)");
+    assert!(printed.contains(&allow), "{printed}");
+    let address = format!(
+        "+ network allow_addresses \"127.0.0.1/32\"  # 127.0.0.1:{port} reached 127.0.0.1, a loopback address"
+    );
+    assert!(printed.contains(&address), "{printed}");
+    assert!(!printed.contains("pypi.org"), "{printed}");
+    assert_eq!(std::fs::read_to_string(&policy).unwrap(), text);
+}
+
+/// Asks the proxy (`HTTP_PROXY`) for 10,000 distinct destinations, one connection each:
+/// `CONNECT 127.0.N.M:9`, which nothing answers; every reply is read and ignored.
+const MANY: &str = "import os, socket
+proxy = os.environ['HTTP_PROXY'].rsplit('/', 1)[-1].rsplit(':', 1)
+for i in range(10000):
+    s = socket.create_connection((proxy[0], int(proxy[1])))
+    target = '127.%d.%d.%d:9' % (i // 65536 + 1, i // 256 % 256, i % 256)
+    s.sendall(('CONNECT %s HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n' % (target, target)).encode())
+    s.recv(4096)
+    s.close()
+print('asked')
+";
+
+#[test]
+fn a_command_asking_for_ten_thousand_destinations_is_recorded_within_a_bound_and_told_so() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() || !installed("python3") {
+        return;
+    }
+    let out_dir = scratch("learn-net-many", false);
+    if !egress_available(&out_dir.0) {
+        return;
+    }
+    let guard = format!("{}s", airlock_tests::HANG_GUARD.as_secs());
+    let out = learn(&["--timeout", &guard], &["python3", "-c", MANY]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stderr}\n{text}");
+    assert!(
+        stderr.contains("asked the proxy for more than 256 destinations"),
+        "{stderr}"
+    );
+    let file = airlock_policy::parse_policy_str(&text, "learned.toml").unwrap();
+    let (mut valid, _) =
+        airlock_policy::validate::validate_policy(&file, airlock_policy::Source::new("l", &text))
+            .unwrap();
+    let profile = valid.profiles.remove("learned").unwrap();
+    let Network::Egress(allowlist) = &profile.network else {
+        panic!("no egress allowlist learned:\n{text}");
+    };
+    assert_eq!(allowlist.hosts().len(), 256, "{text}");
+    assert!(text.contains("past the learner's bound of 256"), "{text}");
 }
