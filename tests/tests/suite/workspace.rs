@@ -175,42 +175,12 @@ fn expected_view(base: &Path) -> Option<&'static str> {
     let major: u32 = version.next().unwrap().parse().unwrap();
     let minor: u32 = version.next().unwrap().parse().unwrap();
     let idmaps_tmpfs = (major, minor) >= (6, 3);
-    // An initramfs root is tmpfs underneath, but its file system type ("rootfs") never
-    // allows an id-mapped mount, so a base on it is copied on every kernel.
-    if mount_type(base).as_deref() == Some("rootfs") {
-        return Some("copy");
-    }
     match fs.f_type {
         libc::EXT4_SUPER_MAGIC | libc::XFS_SUPER_MAGIC => Some("overlay"),
         libc::TMPFS_MAGIC if idmaps_tmpfs => Some("overlay"),
         libc::TMPFS_MAGIC => Some("copy"),
         _ => None,
     }
-}
-
-/// The file system type of the mount that holds `path`, from the deepest mount point
-/// containing it in this process's mount table.
-fn mount_type(path: &Path) -> Option<String> {
-    let path = std::fs::canonicalize(path).ok()?;
-    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mut best: Option<(usize, String)> = None;
-    for line in table.lines() {
-        let mut halves = line.splitn(2, " - ");
-        let (Some(left), Some(right)) = (halves.next(), halves.next()) else {
-            continue;
-        };
-        let Some(point) = left.split(' ').nth(4) else {
-            continue;
-        };
-        let Some(kind) = right.split(' ').next() else {
-            continue;
-        };
-        let depth = Path::new(point).components().count();
-        if path.starts_with(point) && best.as_ref().is_none_or(|(d, _)| depth >= *d) {
-            best = Some((depth, kind.to_string()));
-        }
-    }
-    best.map(|(_, kind)| kind)
 }
 
 fn stdout(result: &Value) -> &str {
