@@ -176,6 +176,7 @@ fn load_policy(
     preset: Option<&str>,
     fallback: &str,
 ) -> anyhow::Result<LoadedPolicy> {
+    let began = std::time::Instant::now();
     let loaded = match file {
         Some(path) => load_policy_file(path),
         None => {
@@ -185,6 +186,7 @@ fn load_policy(
             load_policy_str(text, &format!("preset:{name}"))
         }
     };
+    tracing::debug!(elapsed_us = began.elapsed().as_micros(), "policy loaded");
     match loaded {
         Ok(loaded) => Ok(loaded),
         Err(PolicyError::Invalid { diagnostics, file }) => {
@@ -272,15 +274,27 @@ impl OneShot {
             .enable_all()
             .build()?;
         let handle = runtime.handle().clone();
+        // Unjoined: loading the policy waits for what it builds where it needs it, and
+        // nothing else does.
+        let _ = std::thread::Builder::new()
+            .name("airlock-schemas".into())
+            .spawn(airlock_policy::schema::warm_up);
         let starting = std::thread::Builder::new()
             .name("airlock-start".into())
             .spawn(move || {
                 let _runtime = handle.enter();
-                Supervisor::start(SupervisorOptions {
+                let began = std::time::Instant::now();
+                let started = Supervisor::start(SupervisorOptions {
                     sandbox_host_id: sandbox_uid,
                     landlock_audit,
+                    one_shot: true,
                     ..supervisor_options()
-                })
+                });
+                tracing::debug!(
+                    elapsed_us = began.elapsed().as_micros(),
+                    "supervisor started"
+                );
+                started
             })?;
         Ok(Self {
             runtime: Some(runtime),

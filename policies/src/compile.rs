@@ -6,12 +6,16 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use airlock_protocol::{LandlockSpec, MountOp, NetworkMode, Rlimits, SandboxSpec, SeccompSpec};
+use airlock_protocol::{
+    BpfInstruction, LandlockSpec, MountOp, NetworkMode, Rlimits, SandboxSpec, SeccompSpec,
+};
 use serde_json::Value;
 
 use crate::egress::EgressPolicy;
 use crate::schema::{CompiledSchema, SchemaError, compile_schema};
-use crate::seccomp::{Form, SeccompError, compile_seccomp_program_as, digest_program};
+use crate::seccomp::{
+    Form, SeccompError, SyscallPolicy, compile_seccomp_program_as, digest_program,
+};
 use crate::validated::{
     ArgTemplate, GatePolicy, Limits, Network, ProcView, Profile, Requirements, SessionPolicy,
     StdinSource, Tool, ValidatedPolicy, Workspace,
@@ -301,12 +305,36 @@ pub fn compile_profile(profile: &Profile) -> Result<CompiledProfile, CompileErro
 /// Compiles one profile with its seccomp program in `form`: [`Form::Reporting`] for calls,
 /// [`Form::Observing`] to diagnose one, [`Form::Learning`] for `airlock learn`.
 pub fn compile_profile_as(profile: &Profile, form: Form) -> Result<CompiledProfile, CompileError> {
-    let program = compile_seccomp_program_as(&profile.syscalls, form).map_err(|source| {
-        CompileError::Seccomp {
-            profile: profile.name.clone(),
-            source,
+    compile_profile_sharing(profile, form, &mut Vec::new())
+}
+
+/// Seccomp programs already compiled for a policy's profiles, by syscall policy: profiles
+/// usually share one (the default), and compiling it is the larger part of a profile's
+/// compile.
+type Programs = Vec<(SyscallPolicy, Vec<BpfInstruction>)>;
+
+fn compile_profile_sharing(
+    profile: &Profile,
+    form: Form,
+    programs: &mut Programs,
+) -> Result<CompiledProfile, CompileError> {
+    let program = match programs
+        .iter()
+        .find(|(syscalls, _)| *syscalls == profile.syscalls)
+    {
+        Some((_, program)) => program.clone(),
+        None => {
+            let program =
+                compile_seccomp_program_as(&profile.syscalls, form).map_err(|source| {
+                    CompileError::Seccomp {
+                        profile: profile.name.clone(),
+                        source,
+                    }
+                })?;
+            programs.push((profile.syscalls.clone(), program.clone()));
+            program
         }
-    })?;
+    };
     let digest = digest_program(&program);
     let spec = SandboxSpec {
         profile: profile.name.clone(),
@@ -353,10 +381,14 @@ pub fn compile_policy(
     policy: &ValidatedPolicy,
     source_text: &str,
 ) -> Result<CompiledPolicy, CompileError> {
+    let mut programs = Programs::new();
     let profiles = policy
         .profiles
         .iter()
-        .map(|(name, p)| Ok((name.clone(), Arc::new(compile_profile(p)?))))
+        .map(|(name, p)| {
+            let compiled = compile_profile_sharing(p, Form::Reporting, &mut programs)?;
+            Ok((name.clone(), Arc::new(compiled)))
+        })
         .collect::<Result<_, CompileError>>()?;
     let tools = policy
         .tools
@@ -368,16 +400,23 @@ pub fn compile_policy(
             };
             // `validate` already applied `strict_objects`: compiled here is exactly the
             // document the gate publishes.
-            let input = compile_schema(&tool.input_schema).map_err(schema_error)?;
-            let output = tool
-                .output_schema
-                .as_ref()
-                .map(compile_schema)
-                .transpose()
-                .map_err(|source| CompileError::Schema {
-                    tool: name.clone(),
-                    source,
-                })?;
+            let input = match &tool.compiled_schemas.input {
+                Some(compiled) => compiled.clone(),
+                None => compile_schema(&tool.input_schema).map_err(schema_error)?,
+            };
+            let output = match (&tool.compiled_schemas.output, &tool.output_schema) {
+                (Some(compiled), _) => Some(compiled.clone()),
+                (None, schema) => {
+                    schema
+                        .as_ref()
+                        .map(compile_schema)
+                        .transpose()
+                        .map_err(|source| CompileError::Schema {
+                            tool: name.clone(),
+                            source,
+                        })?
+                }
+            };
             Ok((
                 name.clone(),
                 CompiledTool {

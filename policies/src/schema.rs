@@ -133,6 +133,14 @@ pub fn dialect(schema: &Value) -> Result<Dialect, SchemaError> {
     }
 }
 
+/// Builds, once per process, what checking a schema of the default dialect needs first:
+/// the validator of its meta-schema, most of the cost of loading a small policy. A caller
+/// with a spare thread runs this while it reads the policy, so that it is ready when the
+/// first schema is checked; loading works the same without it.
+pub fn warm_up() {
+    let _ = compile_schema(&serde_json::json!({ "type": "object" }));
+}
+
 /// Compiles a schema exactly as given (draft chosen by `$schema`, 2020-12 when absent).
 /// `strict_objects` is applied before, by [`crate::strict::close_objects`], so that the
 /// document enforced is the document published.

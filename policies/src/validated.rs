@@ -301,6 +301,19 @@ pub struct Tool {
     pub input_schema: Value,
     /// Output JSON Schema.
     pub output_schema: Option<Value>,
+    /// The schemas above as validating them compiled them, for compiling the policy
+    /// without compiling them again.
+    pub compiled_schemas: CompiledSchemas,
+}
+
+/// A tool's schemas as validation compiled them; `None` where it did not (a built-in's
+/// input schema, or a tool made by hand), and compiling the policy compiles those.
+#[derive(Debug, Clone, Default)]
+pub struct CompiledSchemas {
+    /// The input schema.
+    pub input: Option<crate::schema::CompiledSchema>,
+    /// The output schema.
+    pub output: Option<crate::schema::CompiledSchema>,
 }
 
 /// What the gate decides for a call.

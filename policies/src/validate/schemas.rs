@@ -7,15 +7,20 @@ use toml::Spanned;
 use super::Checker;
 use crate::builtin::Builtin;
 use crate::model::ToolFile;
-use crate::schema::{compile_schema, dialect};
+use crate::schema::{CompiledSchema, compile_schema, dialect};
 use crate::strict::close_objects;
 
-/// The schemas a tool ends up with.
+/// The schemas a tool ends up with, with what checking them compiled (a built-in's input
+/// schema is compiled later).
 pub(super) struct Schemas {
     /// The input schema: declared, or the built-in's; `None` when missing or invalid.
     pub input: Option<Value>,
     /// The output schema, when declared and valid.
     pub output: Option<Value>,
+    /// The declared input schema, compiled.
+    pub input_compiled: Option<CompiledSchema>,
+    /// The output schema, compiled.
+    pub output_compiled: Option<CompiledSchema>,
 }
 
 /// `input` (required of command tools, an object schema) and `output`.
@@ -27,14 +32,17 @@ pub(super) fn check_schemas(
     builtin: Option<Builtin>,
     strict_objects: bool,
 ) -> Schemas {
-    let input = match (&file.input, builtin) {
+    let (input, input_compiled) = match (&file.input, builtin) {
         (Some(input), _) => check_schema(
             c,
             input,
             &format!("tool {tool_name}: input schema"),
             strict_objects,
-        ),
-        (None, Some(b)) => Some(b.input_schema()),
+        )
+        .map_or((None, None), |(json, compiled)| {
+            (Some(json), Some(compiled))
+        }),
+        (None, Some(b)) => (Some(b.input_schema()), None),
         (None, None) => {
             if file.command.is_some() {
                 c.error(
@@ -42,7 +50,7 @@ pub(super) fn check_schemas(
                     format!("tool {tool_name}: command tools need an input schema"),
                 );
             }
-            None
+            (None, None)
         }
     };
     if let (Some(schema), Some(declared)) = (&input, &file.input)
@@ -53,25 +61,36 @@ pub(super) fn check_schemas(
             format!("tool {tool_name}: input schema must have type = \"object\""),
         );
     }
-    let output = file.output.as_ref().and_then(|o| {
-        check_schema(
-            c,
-            o,
-            &format!("tool {tool_name}: output schema"),
-            strict_objects,
-        )
-    });
-    Schemas { input, output }
+    let (output, output_compiled) = file
+        .output
+        .as_ref()
+        .and_then(|o| {
+            check_schema(
+                c,
+                o,
+                &format!("tool {tool_name}: output schema"),
+                strict_objects,
+            )
+        })
+        .map_or((None, None), |(json, compiled)| {
+            (Some(json), Some(compiled))
+        });
+    Schemas {
+        input,
+        output,
+        input_compiled,
+        output_compiled,
+    }
 }
 
 /// Converts, applies `strict_objects` (reporting where that changes the schema's meaning)
-/// and compiles a schema. Returns the document the gate enforces and publishes.
+/// and compiles a schema. Returns the document the gate enforces and publishes, compiled.
 fn check_schema(
     c: &mut Checker<'_>,
     schema: &Spanned<toml::Value>,
     what: &str,
     strict_objects: bool,
-) -> Option<Value> {
+) -> Option<(Value, CompiledSchema)> {
     let json = match toml_to_json(schema.get_ref()) {
         Ok(json) => json,
         Err(e) => {
@@ -89,11 +108,13 @@ fn check_schema(
         }
         _ => json,
     };
-    if let Err(e) = compile_schema(&json) {
-        c.error(schema.span(), format!("{what}: {e}"));
-        return None;
+    match compile_schema(&json) {
+        Ok(compiled) => Some((json, compiled)),
+        Err(e) => {
+            c.error(schema.span(), format!("{what}: {e}"));
+            None
+        }
     }
-    Some(json)
 }
 
 /// Converts a TOML value to JSON; TOML datetimes have no JSON equivalent.

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::builtin::Builtin;
 use crate::model::ToolFile;
-use crate::validated::RateLimit;
+use crate::validated::{CompiledSchemas, RateLimit};
 
 /// Policy-wide settings that shape each tool.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +48,8 @@ pub(super) fn check_tool(
     let Schemas {
         input: input_schema,
         output: output_schema,
+        input_compiled,
+        output_compiled,
     } = check_schemas(c, name, &tool_name, file, builtin, options.strict_objects);
     let command = check_command(c, &tool_name, file, input_schema.as_ref());
     let allow_dash_values = check_dash_values(c, &tool_name, file, &command);
@@ -103,6 +105,10 @@ pub(super) fn check_tool(
         timeout,
         input_schema: input_schema?,
         output_schema,
+        compiled_schemas: CompiledSchemas {
+            input: input_compiled,
+            output: output_compiled,
+        },
     })
 }
 

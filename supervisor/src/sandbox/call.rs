@@ -165,6 +165,7 @@ impl Supervisor {
             // off the critical path (still counted as active, so `close` waits for it).
             let stats = lease.cgroup.as_ref().and_then(|c| c.read_stats().ok());
             let cleanup = ActiveCall::enter(&self.active);
+            let one_shot = self.one_shot;
             tokio::spawn(async move {
                 // The orderly end of the conversation, off the critical path; the worker
                 // is killed right after in any case.
@@ -178,7 +179,7 @@ impl Supervisor {
                 if let Some(pidfd) = &lease.pidfd {
                     wait_for_exit(pidfd).await;
                 }
-                release_later(lease, cleanup);
+                release_later(lease, cleanup, one_shot);
             });
             stats
         } else {
@@ -190,7 +191,7 @@ impl Supervisor {
             if let Some(audit) = &mut audit {
                 audit.mark(&run.call_id);
             }
-            release_later(lease, ActiveCall::enter(&self.active));
+            release_later(lease, ActiveCall::enter(&self.active), self.one_shot);
             stats
         };
         let landlock = match audit {

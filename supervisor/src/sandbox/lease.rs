@@ -140,8 +140,15 @@ pub(super) async fn finish_worker(lease: &mut WorkerLease) -> Option<CgroupStats
 }
 
 /// Removes a reaped worker's cgroup off the async threads (rmdir may retry with short
-/// sleeps, and is slow on v1), still counted as active so `close` waits for it.
-pub(super) fn release_later(mut lease: WorkerLease, active: ActiveCall) {
+/// sleeps, and is slow on v1), still counted as active so `close` waits for it. A one-shot
+/// supervisor, whose runtime has nothing else to run, removes it right here instead of
+/// starting a blocking thread for it.
+pub(super) fn release_later(mut lease: WorkerLease, active: ActiveCall, one_shot: bool) {
+    if one_shot {
+        lease.release();
+        drop(active);
+        return;
+    }
     tokio::task::spawn_blocking(move || {
         lease.release();
         drop(active);

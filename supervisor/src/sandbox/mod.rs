@@ -49,6 +49,49 @@ pub enum SupervisorError {
     Spawn(#[from] SpawnError),
 }
 
+/// Seals the worker image and starts the spawner threads.
+fn start_spawner(options: &SupervisorOptions, mapping: IdMapping) -> Result<Spawner, SpawnError> {
+    let began = std::time::Instant::now();
+    let (image, extra_args) = match &options.worker_program {
+        Some((path, args)) => (WorkerImage::seal_from(path)?, args.clone()),
+        None => match options.worker_image {
+            Some(bytes) if !bytes.is_empty() => (WorkerImage::seal_bytes(bytes)?, Vec::new()),
+            _ => (WorkerImage::seal_current_executable()?, Vec::new()),
+        },
+    };
+    let sealed = began.elapsed();
+    // Scoping is the kernel's (worker-side Landlock), so it is checked on the host; the
+    // worker checks it again for itself and refuses a shared namespace without it.
+    let share_network = options.network_namespaces == NetworkNamespaces::SharedWhenSafe
+        && sys::landlock_abi_version().is_ok_and(|abi| abi >= 6);
+    let spawner = Spawner::start(image, mapping, extra_args, share_network, options.one_shot)?;
+    tracing::debug!(
+        seal_us = sealed.as_micros(),
+        spawner_us = (began.elapsed() - sealed).as_micros(),
+        "worker image sealed, spawner started"
+    );
+    Ok(spawner)
+}
+
+/// The configured cgroup parent or our own cgroup's, with stale worker cgroups removed.
+fn find_cgroups(configured: Option<CgroupParent>) -> Result<CgroupParent, String> {
+    let began = std::time::Instant::now();
+    let cgroups = match configured {
+        Some(parent) => Ok(parent),
+        None => CgroupParent::detect().map_err(|e| e.to_string()),
+    };
+    let detected = began.elapsed();
+    if let Ok(parent) = &cgroups {
+        parent.remove_stale_worker_cgroups();
+    }
+    tracing::debug!(
+        detect_us = detected.as_micros(),
+        stale_scan_us = (began.elapsed() - detected).as_micros(),
+        "cgroups found"
+    );
+    cgroups
+}
+
 /// Options of a [`Supervisor`].
 #[derive(Debug, Clone, Default)]
 pub struct SupervisorOptions {
@@ -81,6 +124,10 @@ pub struct SupervisorOptions {
     /// Where the host cannot, the supervisor starts without and says so
     /// ([`Supervisor::landlock_audit`]); results then say `landlock: unavailable`.
     pub landlock_audit: bool,
+    /// A supervisor for a single call that then closes (`airlock exec` and `run`): it
+    /// keeps no pool, so it reserves no descriptor slots for template spawner threads, and
+    /// removes a finished worker's cgroup on its runtime's thread.
+    pub one_shot: bool,
 }
 
 /// A running worker answers a stop within a millisecond or so; one that does not (a
@@ -110,6 +157,8 @@ pub enum NetworkNamespaces {
 /// Starts sandboxes. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct Supervisor {
+    /// See [`SupervisorOptions::one_shot`].
+    one_shot: bool,
     spawner: Spawner,
     cgroups: Result<CgroupParent, String>,
     /// Triggered by `close`: every running call is cancelled, new ones refused.
@@ -231,27 +280,10 @@ impl Supervisor {
     /// them as zombies: thousands during a bench run, each one more task for every
     /// `pivot_root` on the machine to visit.
     pub fn start(options: SupervisorOptions) -> Result<Self, SupervisorError> {
-        let (image, extra_args) = match &options.worker_program {
-            Some((path, args)) => (WorkerImage::seal_from(path)?, args.clone()),
-            None => match options.worker_image {
-                Some(bytes) if !bytes.is_empty() => (WorkerImage::seal_bytes(bytes)?, Vec::new()),
-                _ => (WorkerImage::seal_current_executable()?, Vec::new()),
-            },
-        };
         let mapping = IdMapping::for_this_process(options.sandbox_host_id);
-        // Scoping is the kernel's (worker-side Landlock), so it is checked on the host; the
-        // worker checks it again for itself and refuses a shared namespace without it.
-        let share_network = options.network_namespaces == NetworkNamespaces::SharedWhenSafe
-            && sys::landlock_abi_version().is_ok_and(|abi| abi >= 6);
         let sandbox_ids = (mapping.host_uid, mapping.host_gid);
-        let spawner = Spawner::start(image, mapping, extra_args, share_network)?;
-        let cgroups = match options.cgroup_parent {
-            Some(parent) => Ok(parent),
-            None => CgroupParent::detect().map_err(|e| e.to_string()),
-        };
-        if let Ok(parent) = &cgroups {
-            parent.remove_stale_worker_cgroups();
-        }
+        let spawner = start_spawner(&options, mapping)?;
+        let cgroups = find_cgroups(options.cgroup_parent.clone());
         let (landlock_audit, landlock_audit_state) = if options.landlock_audit {
             match LandlockAudit::start() {
                 Ok(audit) => (Some(audit), LandlockAuditState::Reading),
@@ -289,6 +321,7 @@ impl Supervisor {
             spawn_observer: ObserverSlot::default(),
             landlock_audit,
             landlock_audit_state,
+            one_shot: options.one_shot,
         })
     }
 

@@ -241,12 +241,14 @@ impl Spawner {
     /// Starts the spawner thread(s). `extra_args` are appended to every worker's argv. With
     /// `share_network_namespace`, a second thread makes the empty network namespace that
     /// [`WorkerNetwork::Shared`] workers share; where that is not permitted (an unprivileged
-    /// supervisor) there is none and [`Spawner::shares_network_namespace`] says so.
+    /// supervisor) there is none and [`Spawner::shares_network_namespace`] says so. A
+    /// `one_shot` spawner (one call, no pool) reserves no slots for template threads.
     pub fn start(
         image: WorkerImage,
         mapping: IdMapping,
         extra_args: Vec<String>,
         share_network_namespace: bool,
+        one_shot: bool,
     ) -> Result<Self, SpawnError> {
         let image = std::sync::Arc::new(image);
         let extra_args = std::sync::Arc::new(extra_args);
@@ -281,7 +283,11 @@ impl Spawner {
         };
         // Template threads start later, when a busy daemon may hold thousands of
         // descriptors: their slots are reserved now, while the numbers are low.
-        let spare_slots = std::sync::Arc::new(SpareSlots::reserve());
+        let spare_slots = std::sync::Arc::new(if one_shot {
+            SpareSlots::none()
+        } else {
+            SpareSlots::reserve()
+        });
         Ok(Self {
             inner: std::sync::Arc::new(SpawnerThreads {
                 own,
@@ -369,6 +375,10 @@ impl SpareSlots {
                 .map_while(|_| ChildSlots::reserve().ok())
                 .collect(),
         ))
+    }
+
+    fn none() -> Self {
+        Self(std::sync::Mutex::new(Vec::new()))
     }
 
     fn take(&self) -> Option<ChildSlots> {
