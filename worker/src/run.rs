@@ -384,6 +384,34 @@ fn run_tool_inner(
     }
     // Polled for the tool's exit, so no loop sleeps past it.
     let tool_pidfd = sys::open_pidfd(pid).ok();
+    // The tool's orphans end too, and are the worker's to reap: with SIGCHLD as a
+    // descriptor the loops below sleep until something happens. Without it (a profile
+    // refusing rt_sigaction), they look every 20 ms as before.
+    let child_signals = sys::ChildSignals::install().ok();
+    let wait_ms = |exited_at: Option<Instant>| -> i32 {
+        match (&child_signals, exited_at) {
+            (None, _) => 20,
+            (Some(_), None) => -1,
+            // The tool is gone; its descendants may hold the pipes until the grace ends.
+            (Some(_), Some(at)) => {
+                let left = DRAIN_GRACE.saturating_sub(at.elapsed());
+                i32::try_from(left.as_millis())
+                    .unwrap_or(i32::MAX)
+                    .saturating_add(1)
+            }
+        }
+    };
+    // Emptied before each reap, so that a child ending after the reap wakes the poll.
+    let drain_signals = || child_signals.iter().for_each(sys::ChildSignals::drain);
+    let signal_fd = |fds: &mut Vec<libc::pollfd>| {
+        if let Some(signals) = &child_signals {
+            fds.push(libc::pollfd {
+                fd: signals.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+    };
 
     timings.mark("exec");
     let mut stdout = Capture::default();
@@ -412,6 +440,7 @@ fn run_tool_inner(
         let mut stdout_open = true;
         let mut stderr_open = true;
         loop {
+            drain_signals();
             reap(pid, &mut status, &mut exited_at);
             let done_reading = !stdout_open && !stderr_open;
             let grace_over = exited_at.is_some_and(|t| t.elapsed() >= DRAIN_GRACE);
@@ -449,8 +478,10 @@ fn run_tool_inner(
                 });
             }
             let watched = control.pollfd().inspect(|fd| fds.push(*fd)).is_some();
-            let _ = sys::poll_descriptors(&mut fds, 20);
-            if watched && fds.last().is_some_and(|fd| fd.revents != 0) {
+            let control_at = fds.len().wrapping_sub(1);
+            signal_fd(&mut fds);
+            let _ = sys::poll_descriptors(&mut fds, wait_ms(exited_at));
+            if watched && fds.get(control_at).is_some_and(|fd| fd.revents != 0) {
                 control.take();
             }
             if stdout_open {
@@ -473,6 +504,7 @@ fn run_tool_inner(
         }
     } else {
         while status.is_none() {
+            drain_signals();
             reap(pid, &mut status, &mut exited_at);
             if status.is_none() {
                 let mut fds: Vec<libc::pollfd> = tool_pidfd
@@ -484,8 +516,10 @@ fn run_tool_inner(
                     })
                     .collect();
                 let watched = control.pollfd().inspect(|fd| fds.push(*fd)).is_some();
-                let _ = sys::poll_descriptors(&mut fds, 20);
-                if watched && fds.last().is_some_and(|fd| fd.revents != 0) {
+                let control_at = fds.len().wrapping_sub(1);
+                signal_fd(&mut fds);
+                let _ = sys::poll_descriptors(&mut fds, wait_ms(None));
+                if watched && fds.get(control_at).is_some_and(|fd| fd.revents != 0) {
                     control.take();
                 }
             }

@@ -1,12 +1,14 @@
-//! Starting workers: what a new worker is handed does not grow with what the supervisor
-//! holds.
+//! Starting workers and their waiting: what a new worker is handed does not grow with what
+//! the supervisor holds, and a worker whose tool runs wakes only when something happens.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 
 use airlock::SandboxRun;
 use airlock_policy::load_policy_str;
-use airlock_tests::{HANG_GUARD, added_since, our_children, sandbox_available, wait_until_async};
+use airlock_tests::{
+    HANG_GUARD, added_since, exec_json, our_children, sandbox_available, wait_until_async,
+};
 
 /// `FDSize` of a process: how many descriptors its table has room for, which never shrinks.
 fn descriptor_table_size(pid: &str) -> Option<usize> {
@@ -133,4 +135,46 @@ async fn a_template_made_late_still_gives_its_workers_a_small_descriptor_table()
     assert_small_tables(&added_since(&children_before, our_children()), count);
     drop(held);
     supervisor.close().await;
+}
+
+/// While its tool runs and nothing happens, the worker sleeps: it wakes for output, for a
+/// child that ends, for the supervisor, never on a timer (which, 50 times a second per call
+/// in flight, took a busy daemon's CPU). Counted from inside the sandbox, where the worker
+/// is PID 1: its voluntary context switches across a second of the tool's sleep.
+#[test]
+fn a_worker_sleeps_while_its_tool_sleeps() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let script = "s() { while read -r k v; do [ \"$k\" = voluntary_ctxt_switches: ] && echo \"$v\"; done < /proc/1/status; }; a=$(s); sleep 1; b=$(s); echo $((b - a))";
+    let result = exec_json(None, &["--timeout", "300s"], &["/bin/sh", "-c", script]);
+    assert_eq!(result["exit_code"], 0, "{result}");
+    let woke: u64 = result["stdout"]
+        .as_str()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count printed: {result}"));
+    // A timer of 20 ms woke it about 50 times here.
+    assert!(
+        woke < 10,
+        "the worker woke {woke} times while its tool slept"
+    );
+}
+
+/// The tool's orphans, which the worker inherits as its namespace's init, are reaped while
+/// the tool still runs (a tool making many would otherwise fill its pids limit with
+/// zombies): the tool waits until none of them is left a zombie, then says so.
+#[test]
+fn the_tools_orphans_are_reaped_while_it_runs() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let script = "i=0; while [ $i -lt 20 ]; do (true &); i=$((i + 1)); done; \
+        while :; do z=0; for st in /proc/[0-9]*/stat; do read -r line < \"$st\" || continue; \
+        case \"$line\" in *') Z '*) z=1;; esac; done; [ $z = 0 ] && break; sleep 0.05; done; \
+        echo reaped";
+    let result = exec_json(None, &["--timeout", "300s"], &["/bin/sh", "-c", script]);
+    assert_eq!(result["exit_code"], 0, "{result}");
+    assert_eq!(result["stdout"], "reaped\n", "{result}");
 }

@@ -11,8 +11,11 @@ use airlock_protocol::BpfInstruction;
 
 mod alloc;
 mod bounding;
+mod child_signals;
+
 pub use alloc::SingleThreadedHeap;
 pub use bounding::{drop_bounding_set, last_capability};
+pub use child_signals::ChildSignals;
 
 fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
     if ret < 0 {
