@@ -67,7 +67,7 @@ fn start_spawner(options: &SupervisorOptions, mapping: IdMapping) -> Result<Spaw
     let spawner = Spawner::start(image, mapping, extra_args, share_network, options.one_shot)?;
     tracing::debug!(
         seal_us = sealed.as_micros(),
-        spawner_us = (began.elapsed() - sealed).as_micros(),
+        spawner_us = began.elapsed().saturating_sub(sealed).as_micros(),
         "worker image sealed, spawner started"
     );
     Ok(spawner)
@@ -86,7 +86,7 @@ fn find_cgroups(configured: Option<CgroupParent>) -> Result<CgroupParent, String
     }
     tracing::debug!(
         detect_us = detected.as_micros(),
-        stale_scan_us = (began.elapsed() - detected).as_micros(),
+        stale_scan_us = began.elapsed().saturating_sub(detected).as_micros(),
         "cgroups found"
     );
     cgroups
