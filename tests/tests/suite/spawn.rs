@@ -178,3 +178,22 @@ fn the_tools_orphans_are_reaped_while_it_runs() {
     assert_eq!(result["exit_code"], 0, "{result}");
     assert_eq!(result["stdout"], "reaped\n", "{result}");
 }
+
+/// A tool may signal its worker (PID 1 of the namespace, now with a SIGCHLD handler):
+/// thousands of SIGCHLD while it writes a line each time cost the call nothing — every
+/// line arrives, the exit status is the tool's, and the run ends when the tool does.
+#[test]
+fn a_tool_flooding_its_worker_with_sigchld_changes_nothing() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let script = "i=0; while [ $i -lt 2000 ]; do kill -CHLD 1 || exit 9; echo $i; \
+        i=$((i + 1)); done; (true &); exit 3";
+    let result = exec_json(None, &["--timeout", "300s"], &["/bin/sh", "-c", script]);
+    assert_eq!(result["exit_code"], 3, "{result}");
+    let stdout = result["stdout"].as_str().unwrap_or_default();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2000, "{result}");
+    assert_eq!(lines.last(), Some(&"1999"));
+}
