@@ -27,6 +27,7 @@ pub(crate) async fn reload_policy(
             if let Some(size) = pool {
                 supervisor.warm_exactly(&in_use, size).await;
             }
+            supervisor.forget_unused_templates(&in_use);
             true
         }
         Err(e) => {

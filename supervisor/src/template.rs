@@ -46,6 +46,11 @@ use crate::spawn::{TemplateSpawner, WorkerNetwork};
 /// failed attempt may have cost a holder worker).
 pub const RETRY: Duration = Duration::from_secs(30);
 
+/// How long a build may stay claimed before another caller may build again: longer than a
+/// holder's set-up may take (10 s), so only a build whose caller was dropped midway (a
+/// cancelled call building one) leaves a claim this old.
+pub const BUILD_CLAIM: Duration = Duration::from_secs(30);
+
 /// Why a profile has no template (its workers then build their own roots).
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
@@ -234,6 +239,9 @@ enum State {
     /// Building it failed at this time (plan, privileges, kernel, or a holder that did
     /// not make it): tried again after [`RETRY`].
     Unavailable(Instant),
+    /// Claimed by the caller that found none at this time, which builds it; other callers
+    /// build their own roots meanwhile rather than a second template.
+    Building(Instant),
 }
 
 /// Templates by profile identity, bounded like the pool keys: each entry holds its `Arc`,
@@ -248,33 +256,50 @@ pub enum Lookup {
     Ready(Arc<RootTemplate>),
     /// Tried lately and not possible.
     Unavailable,
-    /// None yet, or it was stale (and is forgotten now): build one.
+    /// Another caller is building it.
+    Building,
+    /// None yet, or it was stale (and is forgotten now): this caller builds one, and must
+    /// [`Templates::record`] what it got.
     Missing,
 }
 
 impl Templates {
     const MAX: usize = 64;
 
-    /// The template of `profile` for `network` workers.
+    /// The template of `profile` for `network` workers. A `Missing` answer claims the
+    /// build for this caller: until it records the outcome (or [`BUILD_CLAIM`] passes),
+    /// every other caller is told `Building`.
     pub fn find(&self, profile: &Arc<CompiledProfile>, network: WorkerNetwork) -> Lookup {
         let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let claim = |known: &mut Vec<_>| {
+            if known.len() >= Self::MAX {
+                known.clear();
+            }
+            known.push((
+                Arc::clone(profile),
+                network,
+                State::Building(Instant::now()),
+            ));
+            Lookup::Missing
+        };
         let Some(i) = known
             .iter()
             .position(|(p, n, _)| Arc::ptr_eq(p, profile) && *n == network)
         else {
-            return Lookup::Missing;
+            return claim(&mut known);
         };
         match &known[i].2 {
             State::Unavailable(since) if since.elapsed() < RETRY => Lookup::Unavailable,
-            State::Unavailable(_) => {
+            State::Building(since) if since.elapsed() < BUILD_CLAIM => Lookup::Building,
+            State::Unavailable(_) | State::Building(_) => {
                 known.swap_remove(i);
-                Lookup::Missing
+                claim(&mut known)
             }
             State::Ready(t) if t.is_current() => Lookup::Ready(Arc::clone(t)),
             State::Ready(_) => {
                 tracing::debug!(profile = %profile.name, "a template's source changed; building it again");
                 known.swap_remove(i);
-                Lookup::Missing
+                claim(&mut known)
             }
         }
     }
@@ -320,6 +345,15 @@ impl Templates {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|(p, ..)| !Arc::ptr_eq(p, profile));
+    }
+
+    /// Forgets the templates of every profile but `kept` (their threads end with their
+    /// last worker): what a policy reload leaves unused.
+    pub fn keep_only(&self, kept: &[Arc<CompiledProfile>]) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|(p, ..)| kept.iter().any(|k| Arc::ptr_eq(p, k)));
     }
 
     /// Forgets every template (their threads end with their last worker).
@@ -414,6 +448,40 @@ mod tests {
         assert_eq!(split_plan(&[tmpfs("/")]), None);
         // A sibling that merely shares a prefix is fine.
         assert!(split_plan(&[tmpfs("/tmp"), bind("/tmpdata", "/tmpdata", false)]).is_some());
+    }
+
+    fn profile() -> Arc<CompiledProfile> {
+        let policy = airlock_policy::load_policy_str(
+            "version = 1\n[profiles.p]\nread = [\"/usr\"]\n",
+            "t.toml",
+        )
+        .unwrap()
+        .policy;
+        Arc::clone(&policy.profiles["p"])
+    }
+
+    #[test]
+    fn a_missing_template_is_claimed_by_one_caller_and_the_others_wait_their_turn() {
+        let templates = Templates::default();
+        let (p, q) = (profile(), profile());
+        let net = WorkerNetwork::Recycled;
+        assert!(matches!(templates.find(&p, net), Lookup::Missing));
+        // Concurrent callers build their own roots rather than a second template.
+        assert!(matches!(templates.find(&p, net), Lookup::Building));
+        assert!(matches!(templates.find(&p, net), Lookup::Building));
+        // Another profile (by identity) or network kind is its own claim.
+        assert!(matches!(templates.find(&q, net), Lookup::Missing));
+        assert!(matches!(
+            templates.find(&p, WorkerNetwork::Host),
+            Lookup::Missing
+        ));
+        // The builder failed: nobody tries again before the retry time.
+        templates.record(&p, net, None);
+        assert!(matches!(templates.find(&p, net), Lookup::Unavailable));
+        // A reload that no longer uses `p` forgets it: a later `p` is missing again.
+        templates.keep_only(std::slice::from_ref(&q));
+        assert!(matches!(templates.find(&p, net), Lookup::Missing));
+        assert!(matches!(templates.find(&q, net), Lookup::Building));
     }
 
     #[test]

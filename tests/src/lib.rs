@@ -305,6 +305,17 @@ pub fn supervisor() -> airlock::Supervisor {
     .unwrap()
 }
 
+/// A supervisor like [`supervisor`] whose cold calls build their own roots, as `airlock
+/// exec`'s does (a one-shot supervisor makes no root template).
+pub fn own_root_supervisor() -> airlock::Supervisor {
+    airlock::Supervisor::start(airlock::SupervisorOptions {
+        worker_program: Some((airlock_bin(), Vec::new())),
+        one_shot: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// A supervisor whose workers are `airlock-hostile-worker` breaking the protocol in `mode`.
 pub fn supervisor_with_hostile_worker(mode: &str) -> airlock::Supervisor {
     airlock::Supervisor::start(airlock::SupervisorOptions {

@@ -114,13 +114,32 @@ impl Supervisor {
                     .cpu_quota_percent
                     .is_none()
                     .then(|| run_request(&run));
+                let template = if matches!(watching, Watching::Refusals) {
+                    self.cold_template(&profile, bounds).await
+                } else {
+                    // Learning and diagnosing calls: their profiles are compiled for the
+                    // one run, so a template would serve no other call.
+                    None
+                };
                 let order = WorkerOrder {
                     profile: &profile,
                     inherit_stdio: run.inherit_stdio.as_ref(),
                     run_now,
-                    template: None,
+                    template: template.as_ref(),
                 };
-                self.prepare_worker(order, bounds).await
+                let prepared = self.prepare_worker(order, bounds).await;
+                if let (Some(_), Err(PrepareError::Failed(failed, _))) = (&template, &prepared)
+                    && matches!(
+                        failed,
+                        Conversation::SetupFailed { .. } | Conversation::Broken(_)
+                    )
+                {
+                    // As the pool does: the next workers build their own roots for a
+                    // while rather than retry a template that may be the cause.
+                    self.templates
+                        .set_aside(&profile, self.worker_network(&profile));
+                }
+                prepared
             }
         };
         tracing::debug!(

@@ -125,7 +125,8 @@ pub struct SupervisorOptions {
     /// ([`Supervisor::landlock_audit`]); results then say `landlock: unavailable`.
     pub landlock_audit: bool,
     /// A supervisor for a single call that then closes (`airlock exec` and `run`): it
-    /// keeps no pool, so it reserves no descriptor slots for template spawner threads, and
+    /// keeps no pool and builds no root template for its cold calls (each builds its own
+    /// root), so it reserves no descriptor slots for template spawner threads, and it
     /// removes a finished worker's cgroup on its runtime's thread.
     pub one_shot: bool,
 }

@@ -334,6 +334,21 @@ impl Supervisor {
         }
     }
 
+    /// Forgets the root templates of profiles neither in `in_use` nor kept warm: after a
+    /// policy reload, those its cold calls built for profiles no call can name any more
+    /// (each holds a spawner thread and a mount namespace until its last worker is gone).
+    pub fn forget_unused_templates(&self, in_use: &[Arc<CompiledProfile>]) {
+        let mut kept = in_use.to_vec();
+        kept.extend(
+            self.warm
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .values()
+                .map(|pool| Arc::clone(&pool.profile)),
+        );
+        self.templates.keep_only(&kept);
+    }
+
     /// How many profiles' pools are kept warm now.
     pub fn warm_pools(&self) -> usize {
         self.warm
@@ -360,9 +375,32 @@ impl Supervisor {
         }
     }
 
-    /// The root template for `profile`'s pooled workers: the current one, or one built
-    /// now; `None` where the profile's workers build their own roots (see
-    /// [`crate::template`]).
+    /// The root template for a cold call of `profile`, within the call's `bounds`. A
+    /// daemon's cold calls clone their roots from it as pooled workers do: under a burst
+    /// of cold calls, building a root and copying the host's mount table in each worker,
+    /// then `pivot_root` and the teardown of those mounts at exit, were half of every
+    /// worker's CPU. The first cold call of a profile builds it (the others meanwhile
+    /// build their own roots); a one-shot supervisor's single call would only pay for it.
+    pub(super) async fn cold_template(
+        &self,
+        profile: &Arc<CompiledProfile>,
+        bounds: Bounds<'_>,
+    ) -> Option<Arc<RootTemplate>> {
+        if self.one_shot {
+            return None;
+        }
+        // Dropped at the call's deadline or cancellation, a build kills its holder (its
+        // lease) and leaves its claim to expire: the call itself then ends as given up.
+        tokio::select! {
+            template = self.root_template(profile) => template,
+            () = tokio::time::sleep_until(bounds.deadline) => None,
+            () = wait_cancel(bounds.cancel) => None,
+        }
+    }
+
+    /// The root template for `profile`'s workers, pooled or cold: the current one, or one
+    /// built now; `None` where the profile's workers build their own roots (see
+    /// [`crate::template`]), and while another caller builds it.
     async fn root_template(&self, profile: &Arc<CompiledProfile>) -> Option<Arc<RootTemplate>> {
         // A session's profile keeps one worker: a template (a holder spawned, a spawner
         // thread and a mount namespace kept) would cost more than it saves.
@@ -372,7 +410,7 @@ impl Supervisor {
         let network = self.worker_network(profile);
         match self.templates.find(profile, network) {
             Lookup::Ready(template) => return Some(template),
-            Lookup::Unavailable => return None,
+            Lookup::Unavailable | Lookup::Building => return None,
             Lookup::Missing => {}
         }
         let built = self.build_template(profile, network).await;

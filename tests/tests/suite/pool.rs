@@ -77,9 +77,10 @@ async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
         return;
     }
     let profile = default_profile();
-    let cold = airlock_tests::supervisor();
+    let cold = airlock_tests::own_root_supervisor();
     let cold_result = cold.run(run(&profile, INSIDE), None).await;
     assert!(cold_result.ok, "{cold_result:?}");
+    assert_eq!(cold.pool_stats().templates_built, 0);
 
     let pooled = Arc::new(airlock_tests::supervisor());
     pooled.keep_warm(Arc::clone(&profile), 2);
@@ -125,6 +126,56 @@ async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
     assert_eq!(pooled.pool_stats().idle, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemons_cold_calls_clone_their_roots_from_one_template_and_are_as_confined() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let profile = default_profile();
+    let own_root = airlock_tests::own_root_supervisor();
+    let own = own_root.run(run(&profile, INSIDE), None).await;
+    assert!(own.ok, "{own:?}");
+
+    // No pool: every call is cold. Eight at once on a fresh supervisor: one of them builds
+    // the template, the others build their own roots meanwhile or use it once ready.
+    let daemon = Arc::new(airlock_tests::supervisor());
+    burst(&daemon, &profile, "true", 8).await;
+    let cold = daemon.run(run(&profile, INSIDE), None).await;
+    assert!(cold.ok, "{cold:?}");
+    let _ = daemon
+        .run(run(&profile, "echo left > /tmp/marker"), None)
+        .await;
+    let next = daemon
+        .run(
+            run(&profile, "cat /tmp/marker 2>/dev/null || echo fresh"),
+            None,
+        )
+        .await;
+    assert_eq!(next.stdout, "fresh\n");
+    let stats = daemon.pool_stats();
+    assert_eq!(stats.hits, 0, "{stats:?}");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    // Only a root supervisor can enter a holder's mount namespace (see `template`).
+    assert_eq!(
+        (stats.templates_built, stats.templates_ready),
+        if root { (1, 1) } else { (0, 0) },
+        "{stats:?}"
+    );
+    // The same view from inside as a worker that built its own root, PID aside, but for
+    // the template's procfs under the worker's own (as for pooled workers).
+    let strip_pid = |s: &str| s.lines().rev().skip(1).collect::<Vec<_>>().join("\n");
+    let mut expected = strip_pid(&own.stdout);
+    if root {
+        expected = expected.replace("\n/proc\n", "\n/proc\n/proc\n");
+    }
+    assert_eq!(strip_pid(&cold.stdout), expected);
+    assert_eq!(cold.isolation, own.isolation);
+    daemon.close().await;
+    own_root.close().await;
+}
+
 /// What a sandbox shows of its cgroups and of its procfs's host-identifying entries.
 const HOST_VIEW: &str = "cut -d: -f3 /proc/self/cgroup | sort -u; wc -c < /proc/cmdline; \
      wc -c < /proc/sys/kernel/random/boot_id; ls -A /proc/pressure 2>/dev/null | wc -l";
@@ -136,7 +187,7 @@ async fn pooled_workers_see_their_own_cgroup_root_and_a_masked_proc_like_cold_on
         return;
     }
     let profile = default_profile();
-    let cold = airlock_tests::supervisor();
+    let cold = airlock_tests::own_root_supervisor();
     let cold_result = cold.run(run(&profile, HOST_VIEW), None).await;
     assert_eq!(cold_result.stdout, "/\n0\n0\n0\n", "{cold_result:?}");
     cold.close().await;
@@ -177,7 +228,8 @@ limits = { memory = "96MiB", pids = 64, timeout = "20s" }
     .unwrap()
     .policy;
     let profile = Arc::clone(&policy.profiles["default"]);
-    let supervisor = airlock_tests::supervisor();
+    // Its cold calls build their own roots: no template holder's cgroup joins the count.
+    let supervisor = airlock_tests::own_root_supervisor();
     // Each call's cgroup is released (recycled or removed) after its answer.
     let settled = || {
         wait_until_async("the call finished cleaning up", || {
@@ -365,7 +417,8 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
         let result = supervisor.run(run(profile, "true"), None).await;
         assert!(result.ok, "{result:?}");
     }
-    // The old `a` has no pool any more: its call is cold.
+    // The old `a` has no pool any more: its call is cold (and, as root, builds a template
+    // of its own, which a reload that no longer uses `a` forgets).
     let old = supervisor.run(run(&a, "true"), None).await;
     assert!(old.ok, "{old:?}");
     let stats = supervisor.pool_stats();
@@ -374,6 +427,14 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
         (hits + 2, misses + 1),
         "{stats:?}"
     );
+    if root {
+        assert_eq!(
+            (stats.templates_built, stats.templates_ready),
+            (4, 3),
+            "{stats:?}"
+        );
+    }
+    supervisor.forget_unused_templates(&[Arc::clone(&a2), Arc::clone(&b2)]);
 
     // Stopping one, by a profile of the same content: only the other's worker is left,
     // however the stop met its replenisher (idle, or refilling after the call above).
