@@ -239,6 +239,11 @@ fn exec_exit_code(result: &ToolResult) -> u8 {
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // A burst's clean-up starts blocking threads; each keeps the blocks it freed
+        // cached until it exits, which the daemon waits for before giving memory back
+        // (see the daemon's trim). 2 s rather than tokio's 10: a thread started again
+        // after a quiet spell costs tens of microseconds.
+        .thread_keep_alive(std::time::Duration::from_secs(2))
         .enable_all()
         .build()?)
 }

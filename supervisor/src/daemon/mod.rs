@@ -22,6 +22,7 @@ mod dispatch;
 mod metrics;
 mod metrics_http;
 mod sessions;
+mod trim;
 mod wire;
 
 use std::path::PathBuf;
@@ -294,7 +295,7 @@ pub async fn serve(
         ))
     });
     let sweeper = sessions::keep_sweeping(&shared.gate);
-    let trimmer = tokio::spawn(give_back_memory_when_idle(Arc::clone(&shared)));
+    let trimmer = tokio::spawn(trim::give_back_memory_when_idle(Arc::clone(&shared)));
     loop {
         tokio::select! {
             () = stop.cancelled() => break,
@@ -342,26 +343,4 @@ pub async fn serve(
     }
     tracing::info!("airlock daemon stopped");
     Ok(())
-}
-
-/// How often the daemon checks whether it went idle after calls.
-const IDLE_CHECK: Duration = Duration::from_secs(1);
-
-/// Once calls were made and none is in flight any more, gives the allocator's free memory
-/// back (off the async threads): after a burst of 1,024 calls the daemon otherwise stayed
-/// at 3.5 times its idle RSS in freed blocks kept by the allocator. Only after activity,
-/// so an idle daemon does no work.
-async fn give_back_memory_when_idle(shared: Arc<Shared>) {
-    let mut calls_seen = shared.stats.calls.load(Ordering::Relaxed);
-    let mut busy = false;
-    loop {
-        tokio::time::sleep(IDLE_CHECK).await;
-        let calls = shared.stats.calls.load(Ordering::Relaxed);
-        busy |= calls != calls_seen;
-        calls_seen = calls;
-        if busy && shared.stats.in_flight.load(Ordering::SeqCst) == 0 {
-            busy = false;
-            let _ = tokio::task::spawn_blocking(crate::sys::give_back_free_heap).await;
-        }
-    }
 }
