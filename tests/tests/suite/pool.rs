@@ -70,6 +70,54 @@ fn default_profile() -> Arc<airlock_policy::CompiledProfile> {
 
 const INSIDE: &str = "cat /proc/self/uid_map; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; cat /proc/sys/kernel/hostname; cut -d' ' -f5 /proc/self/mountinfo | sort; ls /proc/self/fd; echo x > /usr/x 2>/dev/null || echo ro; echo $$";
 
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// As root, `supervisor` built one template for the default profile and keeps it; an
+/// unprivileged supervisor builds none (entering a holder's mount namespace needs
+/// CAP_SYS_ADMIN, see `template`).
+fn assert_one_template_as_root(supervisor: &airlock::Supervisor) {
+    let stats = supervisor.pool_stats();
+    assert_eq!(
+        (stats.templates_built, stats.templates_ready),
+        if is_root() { (1, 1) } else { (0, 0) },
+        "{stats:?}"
+    );
+}
+
+/// `INSIDE` as seen by a worker cloned from a template (as root) and by one that built its
+/// own root: the same, PID aside (the last line), but for the template's procfs under the
+/// worker's own, which a template's worker has at `/proc` too (covered, and locked in place
+/// by the kernel).
+fn assert_same_view(templated: &airlock::ToolResult, own_root: &airlock::ToolResult) {
+    let strip_pid = |s: &str| s.lines().rev().skip(1).collect::<Vec<_>>().join("\n");
+    let mut expected = strip_pid(&own_root.stdout);
+    if is_root() {
+        expected = expected.replace("\n/proc\n", "\n/proc\n/proc\n");
+    }
+    assert_eq!(strip_pid(&templated.stdout), expected);
+    assert_eq!(templated.isolation, own_root.isolation);
+}
+
+/// A fresh sandbox each time: a file one call writes in its `/tmp` is gone for the next.
+async fn assert_each_call_starts_afresh(
+    supervisor: &airlock::Supervisor,
+    profile: &Arc<airlock_policy::CompiledProfile>,
+) {
+    let _ = supervisor
+        .run(run(profile, "echo left > /tmp/marker"), None)
+        .await;
+    let next = supervisor
+        .run(
+            run(profile, "cat /tmp/marker 2>/dev/null || echo fresh"),
+            None,
+        )
+        .await;
+    assert_eq!(next.stdout, "fresh\n");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
     let _guard = airlock_tests::shared();
@@ -90,36 +138,9 @@ async fn pooled_workers_are_single_use_and_as_confined_as_cold_ones() {
     assert!(first.ok && second.ok, "{first:?} {second:?}");
     assert_eq!(pooled.pool_stats().hits, 2);
     // As root, pooled workers of the default profile are cloned from its root template.
-    let stats = pooled.pool_stats();
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        assert_eq!(
-            (stats.templates_built, stats.templates_ready),
-            (1, 1),
-            "{stats:?}"
-        );
-    }
-    // Same view from inside as a cold worker, PID aside (the last line) — but for the
-    // template's procfs under the worker's own, which a template's worker has at `/proc`
-    // too (covered, and locked in place by the kernel).
-    let strip_pid = |s: &str| s.lines().rev().skip(1).collect::<Vec<_>>().join("\n");
-    let mut expected = strip_pid(&cold_result.stdout);
-    if stats.templates_ready > 0 {
-        expected = expected.replace("\n/proc\n", "\n/proc\n/proc\n");
-    }
-    assert_eq!(strip_pid(&first.stdout), expected);
-    assert_eq!(first.isolation, cold_result.isolation);
-    // Fresh sandbox each time: a file written by one call is gone for the next.
-    let _ = pooled
-        .run(run(&profile, "echo left > /tmp/marker"), None)
-        .await;
-    let next = pooled
-        .run(
-            run(&profile, "cat /tmp/marker 2>/dev/null || echo fresh"),
-            None,
-        )
-        .await;
-    assert_eq!(next.stdout, "fresh\n");
+    assert_one_template_as_root(&pooled);
+    assert_same_view(&first, &cold_result);
+    assert_each_call_starts_afresh(&pooled, &profile).await;
     // The pool refills off the critical path.
     wait_for(&pooled, "the pool is refilled", |s| s.idle >= 2).await;
     pooled.close().await;
@@ -143,35 +164,10 @@ async fn a_daemons_cold_calls_clone_their_roots_from_one_template_and_are_as_con
     burst(&daemon, &profile, "true", 8).await;
     let cold = daemon.run(run(&profile, INSIDE), None).await;
     assert!(cold.ok, "{cold:?}");
-    let _ = daemon
-        .run(run(&profile, "echo left > /tmp/marker"), None)
-        .await;
-    let next = daemon
-        .run(
-            run(&profile, "cat /tmp/marker 2>/dev/null || echo fresh"),
-            None,
-        )
-        .await;
-    assert_eq!(next.stdout, "fresh\n");
-    let stats = daemon.pool_stats();
-    assert_eq!(stats.hits, 0, "{stats:?}");
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    // Only a root supervisor can enter a holder's mount namespace (see `template`).
-    assert_eq!(
-        (stats.templates_built, stats.templates_ready),
-        if root { (1, 1) } else { (0, 0) },
-        "{stats:?}"
-    );
-    // The same view from inside as a worker that built its own root, PID aside, but for
-    // the template's procfs under the worker's own (as for pooled workers).
-    let strip_pid = |s: &str| s.lines().rev().skip(1).collect::<Vec<_>>().join("\n");
-    let mut expected = strip_pid(&own.stdout);
-    if root {
-        expected = expected.replace("\n/proc\n", "\n/proc\n/proc\n");
-    }
-    assert_eq!(strip_pid(&cold.stdout), expected);
-    assert_eq!(cold.isolation, own.isolation);
+    assert_each_call_starts_afresh(&daemon, &profile).await;
+    assert_eq!(daemon.pool_stats().hits, 0);
+    assert_one_template_as_root(&daemon);
+    assert_same_view(&cold, &own);
     daemon.close().await;
     own_root.close().await;
 }
@@ -310,8 +306,7 @@ limits = { memory = "96MiB", pids = 64, timeout = "20s" }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_is_built_again_when_a_bound_file_is_replaced_and_later_workers_see_it() {
     let _guard = airlock_tests::shared();
-    // SAFETY: geteuid has no preconditions.
-    if !sandbox_available() || unsafe { libc::geteuid() } != 0 {
+    if !sandbox_available() || !is_root() {
         // Unprivileged supervisors have no templates (the fallback is the cold path).
         return;
     }
@@ -361,8 +356,7 @@ async fn warm_exactly_stops_the_pools_it_is_not_given_and_keeps_the_unchanged_on
     if !sandbox_available() {
         return;
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = is_root();
     // What a daemon's reload gives it: profile `a` changed, `b` the same content in a new
     // `Arc` (a policy compiled again).
     let policy = |a_tmp: &str| {
