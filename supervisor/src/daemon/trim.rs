@@ -17,17 +17,6 @@ use super::Shared;
 /// How often the daemon checks whether it went idle after calls.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
-/// What one look at the daemon saw.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Look {
-    /// Calls the daemon has taken since it started.
-    pub calls: u64,
-    /// Calls answered or not, and their workers' clean-up, still going on.
-    pub busy: bool,
-    /// The process's threads.
-    pub threads: usize,
-}
-
 /// When to trim: only after calls, so an idle daemon does no work.
 #[derive(Debug, Default)]
 pub(super) struct Trimmer {
@@ -46,20 +35,23 @@ impl Trimmer {
         }
     }
 
-    /// Whether to trim now, given what this look saw.
-    pub(super) fn tick(&mut self, look: Look) -> bool {
-        if look.calls != self.calls_seen {
-            self.calls_seen = look.calls;
+    /// Whether to trim now: `calls` the daemon has taken since it started, `busy` while
+    /// calls or their workers' clean-up go on, and the process's `threads`, counted only
+    /// when that decides (an idle or busy daemon reads no procfs).
+    pub(super) fn tick(&mut self, calls: u64, busy: bool, threads: impl FnOnce() -> usize) -> bool {
+        if calls != self.calls_seen {
+            self.calls_seen = calls;
             self.active = true;
             self.threads_at_trim = None;
         }
-        if look.busy || !self.active {
+        if busy || !self.active {
             return false;
         }
+        let threads = threads();
         match self.threads_at_trim {
-            Some(threads) if look.threads >= threads => false,
+            Some(at_trim) if threads >= at_trim => false,
             _ => {
-                self.threads_at_trim = Some(look.threads);
+                self.threads_at_trim = Some(threads);
                 true
             }
         }
@@ -79,13 +71,10 @@ pub(super) async fn give_back_memory_when_idle(shared: Arc<Shared>) {
     let mut trimmer = Trimmer::new(shared.stats.calls.load(Ordering::Relaxed));
     loop {
         tokio::time::sleep(IDLE_CHECK).await;
-        let look = Look {
-            calls: shared.stats.calls.load(Ordering::Relaxed),
-            busy: shared.stats.in_flight.load(Ordering::SeqCst) > 0
-                || shared.gate.supervisor().calls_in_flight() > 0,
-            threads: threads().unwrap_or(usize::MAX),
-        };
-        if trimmer.tick(look) {
+        let calls = shared.stats.calls.load(Ordering::Relaxed);
+        let busy = shared.stats.in_flight.load(Ordering::SeqCst) > 0
+            || shared.gate.supervisor().calls_in_flight() > 0;
+        if trimmer.tick(calls, busy, || threads().unwrap_or(usize::MAX)) {
             let _ = tokio::task::spawn_blocking(crate::sys::give_back_free_heap).await;
         }
     }
@@ -95,51 +84,49 @@ pub(super) async fn give_back_memory_when_idle(shared: Arc<Shared>) {
 mod tests {
     use super::*;
 
-    fn look(calls: u64, busy: bool, threads: usize) -> Look {
-        Look {
-            calls,
-            busy,
-            threads,
-        }
+    /// One look: calls so far, busy or not, and the thread count if it is asked for.
+    fn look(trimmer: &mut Trimmer, calls: u64, busy: bool, threads: usize) -> bool {
+        trimmer.tick(calls, busy, || threads)
     }
 
     #[test]
-    fn an_idle_daemon_that_took_no_call_never_trims() {
+    fn an_idle_daemon_that_took_no_call_never_trims_nor_counts_its_threads() {
         let mut trimmer = Trimmer::new(5);
         for _ in 0..5 {
-            assert!(!trimmer.tick(look(5, false, 10)));
+            assert!(!trimmer.tick(5, false, || panic!("counted threads while idle")));
         }
+        assert!(!trimmer.tick(6, true, || panic!("counted threads while busy")));
     }
 
     #[test]
     fn it_trims_once_calls_and_their_clean_up_are_over_and_again_as_threads_exit() {
         let mut trimmer = Trimmer::new(0);
         // Calls, then their clean-up still running.
-        assert!(!trimmer.tick(look(100, true, 120)));
-        assert!(!trimmer.tick(look(1024, true, 120)));
-        assert!(!trimmer.tick(look(1024, true, 121)));
+        assert!(!look(&mut trimmer, 100, true, 120));
+        assert!(!look(&mut trimmer, 1024, true, 120));
+        assert!(!look(&mut trimmer, 1024, true, 121));
         // Idle: trim; no more while nothing changes.
-        assert!(trimmer.tick(look(1024, false, 121)));
-        assert!(!trimmer.tick(look(1024, false, 121)));
-        assert!(!trimmer.tick(look(1024, false, 125)));
+        assert!(look(&mut trimmer, 1024, false, 121));
+        assert!(!look(&mut trimmer, 1024, false, 121));
+        assert!(!look(&mut trimmer, 1024, false, 125));
         // The clean-up threads exit: trim again, each time there are fewer.
-        assert!(trimmer.tick(look(1024, false, 16)));
-        assert!(!trimmer.tick(look(1024, false, 16)));
-        assert!(trimmer.tick(look(1024, false, 14)));
+        assert!(look(&mut trimmer, 1024, false, 16));
+        assert!(!look(&mut trimmer, 1024, false, 16));
+        assert!(look(&mut trimmer, 1024, false, 14));
         // Unreadable thread counts give only the trim on going idle.
-        assert!(!trimmer.tick(look(1024, false, usize::MAX)));
+        assert!(!look(&mut trimmer, 1024, false, usize::MAX));
     }
 
     #[test]
     fn new_calls_start_over() {
         let mut trimmer = Trimmer::new(0);
-        assert!(!trimmer.tick(look(3, true, 20)));
-        assert!(trimmer.tick(look(3, false, 20)));
+        assert!(!look(&mut trimmer, 3, true, 20));
+        assert!(look(&mut trimmer, 3, false, 20));
         // More calls, answered between two looks: trim again once idle, at any count.
-        assert!(trimmer.tick(look(4, false, 30)));
-        assert!(!trimmer.tick(look(4, false, 30)));
+        assert!(look(&mut trimmer, 4, false, 30));
+        assert!(!look(&mut trimmer, 4, false, 30));
         // A call in flight holds every trim back.
-        assert!(!trimmer.tick(look(5, true, 10)));
-        assert!(trimmer.tick(look(5, false, 10)));
+        assert!(!look(&mut trimmer, 5, true, 10));
+        assert!(look(&mut trimmer, 5, false, 10));
     }
 }

@@ -386,7 +386,8 @@ impl Supervisor {
         profile: &Arc<CompiledProfile>,
         bounds: Bounds<'_>,
     ) -> Option<Arc<RootTemplate>> {
-        if self.one_shot {
+        // A call given up already claims no build it would drop at once.
+        if self.one_shot || self.given_up_already(bounds).is_some() {
             return None;
         }
         // Dropped at the call's deadline or cancellation, a build kills its holder (its

@@ -172,6 +172,73 @@ async fn a_daemons_cold_calls_clone_their_roots_from_one_template_and_are_as_con
     own_root.close().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_call_given_up_claims_no_template_and_one_cancelled_mid_build_leaves_nothing() {
+    let _guard = airlock_tests::exclusive();
+    if !sandbox_available() {
+        return;
+    }
+    let profile = default_profile();
+    let children_before = airlock_tests::our_children();
+    let daemon = Arc::new(airlock_tests::supervisor());
+    let parents: Vec<std::path::PathBuf> = daemon
+        .cgroups()
+        .map(|p| p.dirs().into_iter().map(std::path::PathBuf::from).collect())
+        .unwrap_or_default();
+    let cgroups_before = airlock_tests::our_cgroup_dirs(&parents);
+
+    // A careless client: a call out of time before it starts. It must not claim the
+    // template's build (which it would drop at once, leaving every later cold call to
+    // build its own root until the claim expired).
+    let mut late = run(&profile, "true");
+    late.timeout = Duration::ZERO;
+    let late = daemon.run(late, None).await;
+    assert_eq!(
+        late.error.as_ref().map(|e| e.kind),
+        Some(airlock::ErrorKind::Timeout),
+        "{late:?}"
+    );
+    let next = daemon.run(run(&profile, "true"), None).await;
+    assert!(next.ok, "{next:?}");
+    assert_one_template_as_root(&daemon);
+
+    // A cancellation whenever it lands: during a template's build (the first cold call of
+    // a fresh supervisor builds it) or after. The call ends cancelled either way, and
+    // nothing of it — holder, worker, cgroup — outlives the supervisor's close.
+    let fresh = Arc::new(airlock_tests::supervisor());
+    let cancel = airlock::CancelSignal::new();
+    let call = {
+        let (fresh, profile, cancel) = (Arc::clone(&fresh), Arc::clone(&profile), cancel.clone());
+        tokio::spawn(async move {
+            let marker = airlock_tests::sleep_marker();
+            fresh
+                .run(run(&profile, &format!("sleep {marker}")), Some(&cancel))
+                .await
+        })
+    };
+    tokio::task::yield_now().await;
+    cancel.cancel();
+    let cancelled = call.await.unwrap();
+    assert_eq!(
+        cancelled.error.as_ref().map(|e| e.kind),
+        Some(airlock::ErrorKind::Cancelled),
+        "{cancelled:?}"
+    );
+    let after = fresh.run(run(&profile, "true"), None).await;
+    assert!(after.ok, "{after:?}");
+
+    fresh.close().await;
+    daemon.close().await;
+    airlock_tests::wait_until_async("the supervisors' workers are reaped", || {
+        airlock_tests::added_since(&children_before, airlock_tests::our_children()).is_empty()
+    })
+    .await;
+    assert_eq!(
+        airlock_tests::added_since(&cgroups_before, airlock_tests::our_cgroup_dirs(&parents)),
+        Vec::<String>::new()
+    );
+}
+
 /// What a sandbox shows of its cgroups and of its procfs's host-identifying entries.
 const HOST_VIEW: &str = "cut -d: -f3 /proc/self/cgroup | sort -u; wc -c < /proc/cmdline; \
      wc -c < /proc/sys/kernel/random/boot_id; ls -A /proc/pressure 2>/dev/null | wc -l";
