@@ -251,6 +251,10 @@ export interface Stats {
   warm_pools: number;
   max_concurrent: number;
   max_queued: number;
+  /** The daemon's soft open-file limit (raised to the hard limit at start). */
+  max_open_files: number;
+  /** Descriptors `max_concurrent` and `max_connections` can use at most. */
+  open_files_needed: number;
   sessions_open: number;
 }
 

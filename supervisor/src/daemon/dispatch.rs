@@ -279,6 +279,8 @@ fn stats(shared: &Shared) -> Value {
         "warm_pools": shared.gate.supervisor().warm_pools(),
         "max_concurrent": config.max_concurrent,
         "max_queued": config.max_queued,
+        "max_open_files": super::descriptors::limit_now(),
+        "open_files_needed": super::descriptors::needed(config),
         "sessions_open": shared.gate.sessions().map_or(0, |s| s.count()),
     }})
 }

@@ -18,6 +18,7 @@ mod budget;
 
 mod client;
 mod connection;
+mod descriptors;
 mod dispatch;
 mod metrics;
 mod metrics_http;
@@ -171,6 +172,9 @@ fn output_budget(config: &DaemonConfig) -> usize {
 /// Refused connections wound down at once, at most; more are closed at once.
 const LINGERING_REFUSALS: usize = 8;
 
+/// How long the accept loop pauses when the daemon is out of descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
 #[derive(Debug)]
 struct Shared {
     gate: Arc<Gate>,
@@ -264,6 +268,21 @@ pub async fn serve(
             });
         }
     }
+    let open_files = descriptors::provide(&config);
+    if open_files.suffices() {
+        tracing::debug!(
+            limit = open_files.limit,
+            needed = open_files.needed,
+            "open-file limit"
+        );
+    } else {
+        tracing::warn!(
+            limit = open_files.limit,
+            needed = open_files.needed,
+            "the open-file limit is below what --max-concurrent and --max-connections can \
+             use: calls beyond it fail; raise the hard limit (LimitNOFILE=, ulimit -Hn)"
+        );
+    }
     let shared = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
         connections: Arc::new(Semaphore::new(config.max_connections.max(1))),
@@ -312,7 +331,18 @@ pub async fn serve(
                         }
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "accept failed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    // Out of descriptors, the pending connection stays queued and the next
+                    // accept fails at once: wait for calls to end and free some rather
+                    // than spin on it.
+                    if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                        tokio::select! {
+                            () = stop.cancelled() => break,
+                            () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                        }
+                    }
+                }
             },
         }
     }

@@ -589,6 +589,10 @@ class Stats:
     warm_pools: int
     max_concurrent: int
     max_queued: int
+    max_open_files: int
+    """The daemon's soft open-file limit (raised to the hard limit at start)."""
+    open_files_needed: int
+    """Descriptors max_concurrent and max_connections can use at most."""
     sessions_open: int
 
     @classmethod
