@@ -1,7 +1,8 @@
 //! `airlock serve` for the daemon tests: started on a scratch socket, its log kept.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
@@ -70,16 +71,50 @@ impl Daemon {
     /// Serves the policy file at `policy` (anywhere, a symlink say) with `extra` flags, its
     /// socket in `scratch`, which it keeps until dropped.
     pub fn start_from(scratch: Scratch, policy: PathBuf, extra: &[&str]) -> Self {
+        Self::start_command(scratch, policy, extra, |_| {})
+    }
+
+    /// Serves [`DAEMON_POLICY`] with `extra` flags, started with the open-file limits
+    /// `soft` and `hard` (as a shell's `ulimit -Sn`/`-Hn` or a unit's `LimitNOFILE=`).
+    pub fn start_with_open_files(extra: &[&str], soft: u64, hard: u64) -> Self {
+        let scratch = Scratch::new("daemon");
+        let policy = scratch.write("policy.toml", DAEMON_POLICY);
+        Self::start_command(scratch, policy, extra, |command| {
+            let limit = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: the hook runs in the forked child before exec and only calls
+            // setrlimit, which is async-signal-safe, on a struct it owns.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        })
+    }
+
+    fn start_command(
+        scratch: Scratch,
+        policy: PathBuf,
+        extra: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> Self {
         let socket = scratch.0.join("airlock.sock");
-        let mut child = Command::new(airlock_bin())
+        let mut command = Command::new(airlock_bin());
+        command
             .args(["serve", "--policy"])
             .arg(&policy)
             .arg("--socket")
             .arg(&socket)
             .args(extra)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::piped());
+        configure(&mut command);
+        let mut child = command.spawn().unwrap();
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = BufReader::new(child.stderr.take().unwrap());
         let kept = Arc::clone(&log);
@@ -134,6 +169,152 @@ impl Daemon {
             .find_map(|line| line.strip_prefix(field))
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap()
+    }
+}
+
+impl Daemon {
+    /// The daemon's child processes (pids, sorted), from every thread's `children` list.
+    pub fn children(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id()));
+        for task in tasks.into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            found.extend(text.split_whitespace().map(str::to_string));
+        }
+        found.sort();
+        found
+    }
+
+    /// The daemon's open descriptors counted by kind: the target with what differs
+    /// between two equal states taken out (the inodes of sockets, pipes and namespaces, the names of the
+    /// daemon's cgroups), so two measures compare as counts of the same things.
+    pub fn descriptors(&self) -> std::collections::BTreeMap<String, usize> {
+        let dir = format!("/proc/{}/fd", self.child.id());
+        let mut found = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            // Gone between listing and reading: it was closed, so it is not counted.
+            let Ok(target) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
+            *found.entry(descriptor_kind(&target)).or_default() += 1;
+        }
+        found
+    }
+
+    /// The cgroup directories the daemon made (`airlock-<its pid>-…`, see the supervisor's
+    /// naming) anywhere beneath its own cgroup, in every mounted hierarchy, sorted. Under
+    /// cgroup v1 one cgroup is a directory in each controller's hierarchy: see `cgroups`.
+    pub fn cgroup_dirs(&self) -> Vec<String> {
+        self.cgroup_scope().dirs()
+    }
+
+    /// Where the daemon's cgroups are, to look there after it has exited.
+    pub fn cgroup_scope(&self) -> CgroupScope {
+        let pid = self.child.id();
+        let own: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.splitn(3, ':').nth(2))
+            .map(|path| path.trim_start_matches('/').to_string())
+            .collect();
+        let mut roots = Vec::new();
+        for mount in cgroup_mounts() {
+            roots.extend(own.iter().map(|path| mount.join(path)));
+        }
+        CgroupScope {
+            roots,
+            prefix: format!("airlock-{pid}-"),
+        }
+    }
+}
+
+/// The cgroups one daemon may make: its own cgroup in every mounted hierarchy, and the
+/// names it gives what it makes beneath them.
+#[derive(Debug)]
+pub struct CgroupScope {
+    roots: Vec<PathBuf>,
+    prefix: String,
+}
+
+impl CgroupScope {
+    /// The directories of the daemon's cgroups that exist now, sorted.
+    pub fn dirs(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for root in &self.roots {
+            collect_named(root, &self.prefix, 4, &mut found);
+        }
+        found.sort();
+        found.dedup();
+        found
+    }
+}
+
+impl Daemon {
+    /// The cgroups the daemon made, by name: one entry however many hierarchies hold it.
+    pub fn cgroups(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .cgroup_dirs()
+            .iter()
+            .filter_map(|dir| Some(Path::new(dir).file_name()?.to_string_lossy().into_owned()))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+}
+
+/// What a descriptor's target is, without the parts that name one instance of it.
+fn descriptor_kind(target: &Path) -> String {
+    let text = target.display().to_string();
+    // `socket:[4026…]`, `pipe:[…]`, `net:[…]` (a namespace): one kind whatever the inode.
+    if let Some((kind, inode)) = text.split_once(":[")
+        && inode
+            .trim_end_matches(']')
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+    {
+        return format!("{kind}:");
+    }
+    let parts: Vec<&str> = text
+        .split('/')
+        .map(|part| {
+            if part.starts_with("airlock-") {
+                "airlock-*"
+            } else {
+                part
+            }
+        })
+        .collect();
+    parts.join("/")
+}
+
+/// Mount points of cgroup (v1) and cgroup2 hierarchies, from `/proc/self/mountinfo`.
+fn cgroup_mounts() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let fstype = after.split_whitespace().next()?;
+            let point = before.split_whitespace().nth(4)?;
+            matches!(fstype, "cgroup" | "cgroup2").then(|| PathBuf::from(point))
+        })
+        .collect()
+}
+
+/// Directories below `dir` (down to `depth` levels) whose names start with `prefix`.
+fn collect_named(dir: &std::path::Path, prefix: &str, depth: usize, found: &mut Vec<String>) {
+    if depth == 0 {
+        return;
+    }
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if entry.file_name().to_string_lossy().starts_with(prefix) {
+            found.push(entry.path().display().to_string());
+        }
+        collect_named(&entry.path(), prefix, depth - 1, found);
     }
 }
 

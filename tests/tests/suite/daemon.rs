@@ -362,6 +362,7 @@ fn sigterm_removes_the_socket_and_leaves_no_worker_or_cgroup() {
     wait_while_client_runs(&mut client, "the call's tool runs", || {
         !host_processes_with(&pattern).is_empty()
     });
+    let cgroups = daemon.cgroup_scope();
     daemon.signal(libc::SIGTERM);
     let status = daemon.child.wait().unwrap();
     assert!(status.success(), "{status}");
@@ -371,17 +372,187 @@ fn sigterm_removes_the_socket_and_leaves_no_worker_or_cgroup() {
     wait_until("the daemon's call is gone", || {
         host_processes_with(&pattern).is_empty()
     });
-    let pid = daemon.child.id();
-    for root in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"] {
-        if let Ok(entries) = std::fs::read_dir(root) {
-            for entry in entries.flatten() {
-                assert!(
-                    !entry
-                        .file_name()
-                        .to_string_lossy()
-                        .starts_with(&format!("airlock-{pid}-"))
-                );
+    assert_eq!(cgroups.dirs(), Vec::<String>::new());
+}
+
+/// A daemon started under the common soft limit of open files raises it to the hard limit
+/// (its flags can use more than the soft one allows), says so in `stats`, and its calls'
+/// tools still run under their profile's limit, not the daemon's.
+#[test]
+fn the_daemon_raises_its_open_file_limit_and_its_tools_keep_their_own() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = Daemon::start_with_open_files(&["--max-concurrent", "256"], 256, 8192);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.child.id())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .skip(3)
+        .take(2)
+        .collect::<Vec<_>>();
+    assert_eq!(open_files, ["8192", "8192"], "{limits}");
+    let stats = ask(&daemon.socket, serde_json::json!({"id": 1, "op": "stats"}))["result"].clone();
+    assert_eq!(stats["max_open_files"], 8192, "{stats}");
+    assert!(
+        stats["open_files_needed"].as_u64().unwrap() > 256 * 8,
+        "{stats}"
+    );
+    // The tool reports its own soft limit: its profile's, not the daemon's 8,192.
+    let policy = format!(
+        "{POLICY}\n[tools.nofile]\ndescription = \"report the open-file limit\"\n\
+         command = [\"/bin/sh\", \"-c\", \"ulimit -n\"]\nside_effect = \"read\"\n\
+         profile = \"few_files\"\ninput = {{ type = \"object\" }}\n\n\
+         [profiles.few_files]\nread = [\"/usr\"]\n\
+         read_optional = [\"/bin\", \"/lib\", \"/lib64\", \"/etc/ld.so.cache\"]\n\
+         limits = {{ open_files = 77 }}\n"
+    );
+    std::fs::write(&daemon.policy, policy).unwrap();
+    daemon.signal(libc::SIGHUP);
+    let call = serde_json::json!({"id": 2, "op": "call", "tool": "nofile", "arguments": {}});
+    let mut answer = serde_json::Value::Null;
+    wait_until("the reloaded policy's tool answers", || {
+        answer = ask(&daemon.socket, call.clone());
+        answer["result"]["ok"] == true
+    });
+    assert_eq!(answer["result"]["stdout"], "77\n", "{answer}");
+}
+
+/// Bursts of concurrent cold calls, as many as `AIRLOCK_BURST_CALLS` each (256 unless set;
+/// the bench's burst is 1,024): every call is admitted and answered, all are in flight at
+/// once, and afterwards no worker is left, the cgroups left are the ones kept for reuse
+/// (within their bound), and a second burst leaves the daemon holding no more than the
+/// first left — nothing of a worker, a connection or a cgroup accumulates.
+#[test]
+fn bursts_of_concurrent_cold_calls_leave_no_worker_and_nothing_that_grows() {
+    let _guard = airlock_tests::exclusive();
+    if !sandbox_available() {
+        return;
+    }
+    let calls: usize = std::env::var("AIRLOCK_BURST_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    // One descriptor per client connection in this process, beside what the suite holds.
+    raise_open_file_limit(calls as u64 * 2 + 256);
+    let gate = airlock_tests::Scratch::new("burst-gate");
+    // The tool waits for the gate to open, so every call is in flight before any ends; it
+    // looks once a second (a `sleep` per look: cheap enough for hundreds of workers).
+    let policy = format!(
+        "{POLICY}\n[tools.gated]\ndescription = \"wait for the gate\"\n\
+         command = [\"/bin/sh\", \"-c\", \"while [ ! -e {gate}/open ]; do sleep 1; done\"]\n\
+         side_effect = \"read\"\nconcurrency_safe = true\nprofile = \"gated\"\n\
+         input = {{ type = \"object\" }}\n\n\
+         [profiles.gated]\nread = [\"/usr\", \"{gate}\"]\n\
+         read_optional = [\"/bin\", \"/lib\", \"/lib64\", \"/etc/ld.so.cache\"]\n\
+         limits = {{ timeout = {guard} }}\n",
+        gate = gate.0.display(),
+        guard = airlock_tests::hang_guard_toml(),
+    );
+    let limit = (calls + 16).to_string();
+    let connections = (calls * 2 + 16).to_string();
+    let daemon = Daemon::start_with(
+        &policy,
+        &[
+            "--pool",
+            "0",
+            "--max-concurrent",
+            &limit,
+            "--max-queued",
+            &limit,
+            "--max-connections",
+            &connections,
+        ],
+    );
+    let stats =
+        || ask(&daemon.socket, serde_json::json!({"id": 0, "op": "stats"}))["result"].clone();
+    let children_before = daemon.children();
+    let mut first = None;
+    for round in 0..2 {
+        let open = gate.0.join("open");
+        let _ = std::fs::remove_file(&open);
+        let clients: Vec<_> = (1..=calls)
+            .map(|i| {
+                let socket = daemon.socket.clone();
+                std::thread::spawn(move || ask(&socket, gated_call(i)))
+            })
+            .collect();
+        wait_until("every call of the burst is in flight", || {
+            stats()["in_flight"] == calls
+        });
+        std::fs::write(&open, b"").unwrap();
+        let mut failed = Vec::new();
+        for (i, client) in clients.into_iter().enumerate() {
+            let answer = client.join().unwrap();
+            if answer["id"] != i + 1 || answer["result"]["ok"] != true {
+                failed.push(answer.to_string());
             }
         }
+        assert!(
+            failed.is_empty(),
+            "round {round}: {} of {calls} failed: {:?}",
+            failed.len(),
+            &failed[..failed.len().min(5)]
+        );
+        assert_eq!(stats()["overloaded"], 0);
+        // Clean-up runs after the answers: wait until no worker is left and the cgroups
+        // left are the ones the pool keeps, then take the daemon's measure.
+        wait_until("the burst's workers are gone", || {
+            daemon.children() == children_before
+        });
+        wait_until("only kept cgroups are left", || {
+            let kept = stats()["pool"]["cgroups_kept"].as_u64().unwrap() as usize;
+            daemon.cgroups().len() == kept
+        });
+        let kept = daemon.cgroups();
+        assert!(kept.len() <= 16, "{kept:#?}");
+        if round == 0 {
+            first = Some((kept.len(), daemon.descriptors()));
+            continue;
+        }
+        let (kept_first, held_first) = first.take().unwrap();
+        assert_eq!(kept.len(), kept_first, "kept cgroups grew");
+        // A connection the daemon has answered may close a moment later: wait for the
+        // second burst's count of every kind to come down to the first's, showing what
+        // differs while it does not.
+        let mut shown = false;
+        wait_until(
+            "the descriptors held after two bursts are those held after one",
+            || {
+                let held = daemon.descriptors();
+                let grown: Vec<_> = held
+                    .iter()
+                    .filter(|(kind, count)| **count > held_first.get(*kind).copied().unwrap_or(0))
+                    .collect();
+                if !grown.is_empty() && !shown {
+                    eprintln!("after one burst: {held_first:#?}\ngrown after two: {grown:#?}");
+                    shown = true;
+                }
+                grown.is_empty()
+            },
+        );
+    }
+}
+
+fn gated_call(id: usize) -> serde_json::Value {
+    serde_json::json!({"id": id, "op": "call", "tool": "gated", "arguments": {}})
+}
+
+/// Raises this process's soft limit on open files to `wanted` (at most the hard limit).
+fn raise_open_file_limit(wanted: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    assert_eq!(got, 0, "getrlimit");
+    if limit.rlim_cur < wanted {
+        limit.rlim_cur = wanted.min(limit.rlim_max);
+        // SAFETY: setrlimit reads one rlimit we own.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
     }
 }
