@@ -185,6 +185,9 @@ pub fn measure(
     std::fs::create_dir_all(&dir).map_err(write_failed)?;
     std::fs::write(&policy, BENCH_POLICY).map_err(write_failed)?;
     let most = plan.counts.iter().copied().max().unwrap_or(1).max(1);
+    // One connection per client here, as many bwraps' pipes: more than the common soft
+    // limit of 1,024 allows at the largest burst. (The daemon raises its own.)
+    airlock::daemon::raise_open_file_limit();
     // Limits above the largest burst: none of its calls may be refused.
     let limit = (most + 16).to_string();
     let mut daemon = Command::new(airlock)

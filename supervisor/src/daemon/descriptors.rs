@@ -46,8 +46,17 @@ pub(crate) fn needed(config: &DaemonConfig) -> u64 {
 /// `config` can use. A failure to raise it leaves the limit as it was (reported, not fatal:
 /// the daemon still serves, refusing calls it cannot open descriptors for).
 pub(crate) fn provide(config: &DaemonConfig) -> OpenFiles {
-    let needed = needed(config);
-    let limit = match getrlimit(Resource::RLIMIT_NOFILE) {
+    OpenFiles {
+        needed: needed(config),
+        limit: raise_open_file_limit(),
+    }
+}
+
+/// Raises this process's soft open-file limit to its hard limit (logging why not when it
+/// cannot) and returns the soft limit then, 0 if it cannot be read. For programs that hold
+/// a descriptor per concurrent call: the daemon, and the bench's clients of it.
+pub fn raise_open_file_limit() -> u64 {
+    match getrlimit(Resource::RLIMIT_NOFILE) {
         // The kernel keeps soft <= hard: only ever raised.
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
             Ok(()) => hard,
@@ -61,8 +70,7 @@ pub(crate) fn provide(config: &DaemonConfig) -> OpenFiles {
             tracing::warn!(%error, "cannot read the open-file limit");
             0
         }
-    };
-    OpenFiles { needed, limit }
+    }
 }
 
 /// The soft open-file limit now (0 if it cannot be read).
