@@ -33,6 +33,19 @@ impl OpenFiles {
     }
 }
 
+impl OpenFiles {
+    /// The calls that may run at once: `max_concurrent`, or fewer when the limit leaves
+    /// room (beside every connection `max_connections` allows) for fewer calls' worth of
+    /// descriptors, at least one. A call beyond the room would fail for want of a
+    /// descriptor; held back, it waits in the queue like any call over the limit.
+    pub fn calls_at_once(&self, config: &DaemonConfig) -> usize {
+        let connections = u64::try_from(config.max_connections.max(1)).unwrap_or(u64::MAX);
+        let room = self.limit.saturating_sub(BASE).saturating_sub(connections) / PER_CALL;
+        let room = usize::try_from(room).unwrap_or(usize::MAX);
+        config.max_concurrent.max(1).min(room.max(1))
+    }
+}
+
 /// Descriptors the daemon can hold with `config`'s limits: one per connection, and a
 /// call's worth for each call in flight. Queued calls hold only their connection.
 pub(crate) fn needed(config: &DaemonConfig) -> u64 {
@@ -103,6 +116,21 @@ mod tests {
             limit: 1024,
         };
         assert!(!open.suffices());
+    }
+
+    #[test]
+    fn calls_beyond_the_descriptors_room_wait_instead_of_running() {
+        let config = config(64, 64);
+        let short = |limit| OpenFiles {
+            needed: needed(&config),
+            limit,
+        };
+        assert_eq!(short(256).calls_at_once(&config), (256 - 64 - 64) / 16);
+        // No room at all still runs one call at a time rather than none.
+        assert_eq!(short(100).calls_at_once(&config), 1);
+        assert_eq!(short(0).calls_at_once(&config), 1);
+        // Room for more than asked: the flag holds.
+        assert_eq!(short(1 << 20).calls_at_once(&config), 64);
     }
 
     #[test]

@@ -270,6 +270,7 @@ pub async fn serve(
         }
     }
     let open_files = descriptors::provide(&config);
+    let calls_at_once = open_files.calls_at_once(&config);
     if open_files.suffices() {
         tracing::debug!(
             limit = open_files.limit,
@@ -280,10 +281,18 @@ pub async fn serve(
         tracing::warn!(
             limit = open_files.limit,
             needed = open_files.needed,
+            max_concurrent = config.max_concurrent,
+            calls_at_once,
             "the open-file limit is below what --max-concurrent and --max-connections can \
-             use: calls beyond it fail; raise the hard limit (LimitNOFILE=, ulimit -Hn)"
+             use: fewer calls run at once, the rest wait in the queue; raise the hard limit \
+             (LimitNOFILE=, ulimit -Hn)"
         );
     }
+    // What the daemon enforces is what it reports (`stats`) and paces retries by.
+    let config = DaemonConfig {
+        max_concurrent: calls_at_once,
+        ..config
+    };
     let shared = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
         connections: Arc::new(Semaphore::new(config.max_connections.max(1))),

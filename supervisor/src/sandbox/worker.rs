@@ -250,10 +250,10 @@ impl Supervisor {
             (None, Some(null)) => copies([null; 3]),
             (None, None) => open_null().and_then(|a| Ok([a, open_null()?, open_null()?])),
         };
-        let stdio = stdio.map_err(|_| {
+        let stdio = stdio.map_err(|e| {
             PrepareError::Rejected(unavailable(
                 "stdio",
-                "cannot prepare the worker's stdio".into(),
+                format!("cannot prepare the worker's stdio: {e}"),
             ))
         })?;
         let cgroup_failed = |e: crate::cgroup::CgroupError| {

@@ -421,6 +421,45 @@ fn the_daemon_raises_its_open_file_limit_and_its_tools_keep_their_own() {
     assert_eq!(answer["result"]["stdout"], "77\n", "{answer}");
 }
 
+/// A daemon whose hard open-file limit is too low for its flags runs fewer calls at once,
+/// as many as its descriptors allow, and queues the rest: every call of a burst larger
+/// than that succeeds, where running them all at once failed most for want of descriptors.
+#[test]
+fn a_daemon_short_of_descriptors_queues_calls_instead_of_failing_them() {
+    let _guard = airlock_tests::exclusive();
+    if !sandbox_available() {
+        return;
+    }
+    let flags = [
+        "--pool",
+        "0",
+        "--max-concurrent",
+        "64",
+        "--max-connections",
+        "64",
+    ];
+    let daemon = Daemon::start_with_open_files(&flags, 256, 256);
+    let stats = ask(&daemon.socket, serde_json::json!({"id": 0, "op": "stats"}))["result"].clone();
+    assert_eq!(stats["max_open_files"], 256, "{stats}");
+    let at_once = stats["max_concurrent"].as_u64().unwrap();
+    assert!((1..64).contains(&at_once), "{stats}");
+    daemon.wait_for_log("fewer calls run at once");
+    let clients: Vec<_> = (1..=48)
+        .map(|i| {
+            let socket = daemon.socket.clone();
+            std::thread::spawn(move || {
+                let call = serde_json::json!({"id": i, "op": "call", "tool": "sleep",
+                    "arguments": {"seconds": "0.5"}});
+                ask(&socket, call)
+            })
+        })
+        .collect();
+    for client in clients {
+        let answer = client.join().unwrap();
+        assert_eq!(answer["result"]["ok"], true, "{answer}");
+    }
+}
+
 /// Bursts of concurrent cold calls, as many as `AIRLOCK_BURST_CALLS` each (256 unless set;
 /// the bench's burst is 1,024): every call is admitted and answered, all are in flight at
 /// once, and afterwards no worker is left, the cgroups left are the ones kept for reuse
