@@ -215,7 +215,14 @@ impl Daemon {
             .unwrap_or_default()
             .lines()
             .filter_map(|line| line.splitn(3, ':').nth(2))
-            .map(|path| path.trim_start_matches('/').to_string())
+            .map(|path| path.trim_start_matches('/'))
+            // Under cgroup v2 a daemon may have moved itself into an `airlock-supervisor`
+            // leaf of its cgroup; its workers' cgroups are then beside that leaf.
+            .map(|path| match path.rsplit_once('/') {
+                Some((parent, "airlock-supervisor")) => parent.to_string(),
+                None if path == "airlock-supervisor" => String::new(),
+                _ => path.to_string(),
+            })
             .collect();
         let mut roots = Vec::new();
         for mount in cgroup_mounts() {
