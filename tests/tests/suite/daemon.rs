@@ -549,14 +549,17 @@ fn bursts_of_concurrent_cold_calls_leave_no_worker_and_nothing_that_grows() {
         let kept = daemon.cgroups();
         assert!(kept.len() <= 16, "{kept:#?}");
         if round == 0 {
-            first = Some((kept.len(), daemon.descriptors()));
+            first = Some(daemon.descriptors());
             continue;
         }
-        let (kept_first, held_first) = first.take().unwrap();
-        assert_eq!(kept.len(), kept_first, "kept cgroups grew");
+        let held_first = first.take().unwrap();
         // A connection the daemon has answered may close a moment later: wait for the
         // second burst's count of every kind to come down to the first's, showing what
-        // differs while it does not.
+        // differs while it does not. Two kinds are spares that fill up to their bounds
+        // over bursts: the kept cgroups' files count against the kept cgroups (at most
+        // one of each file per cgroup), and the idle network namespaces (`net:`) may be
+        // up to the shelf's bound more than after the first; a leak per call is still
+        // seen once a burst is larger than that.
         let mut shown = false;
         wait_until(
             "the descriptors held after two bursts are those held after one",
@@ -564,7 +567,17 @@ fn bursts_of_concurrent_cold_calls_leave_no_worker_and_nothing_that_grows() {
                 let held = daemon.descriptors();
                 let grown: Vec<_> = held
                     .iter()
-                    .filter(|(kind, count)| **count > held_first.get(*kind).copied().unwrap_or(0))
+                    .filter(|(kind, count)| {
+                        let first = held_first.get(*kind).copied().unwrap_or(0);
+                        let bound = if kind.contains("/airlock-*/") {
+                            kept.len()
+                        } else if *kind == "net:" {
+                            first + SHELVED_NAMESPACES
+                        } else {
+                            first
+                        };
+                        **count > bound
+                    })
                     .collect();
                 if !grown.is_empty() && !shown {
                     eprintln!("after one burst: {held_first:#?}\ngrown after two: {grown:#?}");
@@ -575,6 +588,9 @@ fn bursts_of_concurrent_cold_calls_leave_no_worker_and_nothing_that_grows() {
         );
     }
 }
+
+/// The supervisor's bound on idle network namespaces kept for the next workers.
+const SHELVED_NAMESPACES: usize = 32;
 
 fn gated_call(id: usize) -> serde_json::Value {
     serde_json::json!({"id": id, "op": "call", "tool": "gated", "arguments": {}})
