@@ -170,9 +170,7 @@ impl Daemon {
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap()
     }
-}
 
-impl Daemon {
     /// The daemon's child processes (pids, sorted), from every thread's `children` list.
     pub fn children(&self) -> Vec<String> {
         let mut found = Vec::new();
@@ -186,8 +184,9 @@ impl Daemon {
     }
 
     /// The daemon's open descriptors counted by kind: the target with what differs
-    /// between two equal states taken out (the inodes of sockets, pipes and namespaces, the names of the
-    /// daemon's cgroups), so two measures compare as counts of the same things.
+    /// between two equal states taken out (the inodes of sockets, pipes and namespaces,
+    /// the names of the daemon's cgroups), so two measures compare as counts of the same
+    /// things.
     pub fn descriptors(&self) -> std::collections::BTreeMap<String, usize> {
         let dir = format!("/proc/{}/fd", self.child.id());
         let mut found = std::collections::BTreeMap::new();
@@ -203,9 +202,22 @@ impl Daemon {
 
     /// The cgroup directories the daemon made (`airlock-<its pid>-…`, see the supervisor's
     /// naming) anywhere beneath its own cgroup, in every mounted hierarchy, sorted. Under
-    /// cgroup v1 one cgroup is a directory in each controller's hierarchy: see `cgroups`.
+    /// cgroup v1 one cgroup is a directory in each controller's hierarchy: see
+    /// [`Daemon::cgroups`].
     pub fn cgroup_dirs(&self) -> Vec<String> {
         self.cgroup_scope().dirs()
+    }
+
+    /// The cgroups the daemon made, by name: one entry however many hierarchies hold it.
+    pub fn cgroups(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .cgroup_dirs()
+            .iter()
+            .filter_map(|dir| Some(Path::new(dir).file_name()?.to_string_lossy().into_owned()))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// Where the daemon's cgroups are, to look there after it has exited.
@@ -253,20 +265,6 @@ impl CgroupScope {
         found.sort();
         found.dedup();
         found
-    }
-}
-
-impl Daemon {
-    /// The cgroups the daemon made, by name: one entry however many hierarchies hold it.
-    pub fn cgroups(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .cgroup_dirs()
-            .iter()
-            .filter_map(|dir| Some(Path::new(dir).file_name()?.to_string_lossy().into_owned()))
-            .collect();
-        names.sort();
-        names.dedup();
-        names
     }
 }
 

@@ -3,9 +3,10 @@
 //! Every call in flight holds descriptors in the daemon (its client's socket, the worker's
 //! socket, pidfd, seccomp listener and network namespace, its cgroup's event and counter
 //! files), so `--max-concurrent` is bounded by `RLIMIT_NOFILE` as much as by the flag. The
-//! soft limit many shells and service managers give is 1,024: about a hundred calls. The
-//! daemon raises its soft limit up to the hard limit at start. Workers never see the raised
-//! limit: each sets the open-file limit its profile gives before the tool starts.
+//! soft limit many shells and service managers give is 1,024: well under a hundred calls.
+//! The daemon raises its soft limit to the hard limit at start, and runs fewer calls at once
+//! when even that is short. Workers never see the raised limit: each sets the open-file
+//! limit its profile gives before the tool starts.
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
@@ -31,16 +32,17 @@ impl OpenFiles {
     pub fn suffices(&self) -> bool {
         self.limit >= self.needed
     }
-}
 
-impl OpenFiles {
     /// The calls that may run at once: `max_concurrent`, or fewer when the limit leaves
     /// room (beside every connection `max_connections` allows) for fewer calls' worth of
     /// descriptors, at least one. A call beyond the room would fail for want of a
     /// descriptor; held back, it waits in the queue like any call over the limit.
     pub fn calls_at_once(&self, config: &DaemonConfig) -> usize {
-        let connections = u64::try_from(config.max_connections.max(1)).unwrap_or(u64::MAX);
-        let room = self.limit.saturating_sub(BASE).saturating_sub(connections) / PER_CALL;
+        let room = self
+            .limit
+            .saturating_sub(BASE)
+            .saturating_sub(count(config.max_connections))
+            / PER_CALL;
         let room = usize::try_from(room).unwrap_or(usize::MAX);
         config.max_concurrent.max(1).min(room.max(1))
     }
@@ -49,15 +51,18 @@ impl OpenFiles {
 /// Descriptors the daemon can hold with `config`'s limits: one per connection, and a
 /// call's worth for each call in flight. Queued calls hold only their connection.
 pub(crate) fn needed(config: &DaemonConfig) -> u64 {
-    let connections = u64::try_from(config.max_connections.max(1)).unwrap_or(u64::MAX);
-    let calls = u64::try_from(config.max_concurrent.max(1)).unwrap_or(u64::MAX);
-    BASE.saturating_add(connections)
-        .saturating_add(calls.saturating_mul(PER_CALL))
+    BASE.saturating_add(count(config.max_connections))
+        .saturating_add(count(config.max_concurrent).saturating_mul(PER_CALL))
 }
 
-/// Raises the soft open-file limit to the hard limit and says whether that covers what
-/// `config` can use. A failure to raise it leaves the limit as it was (reported, not fatal:
-/// the daemon still serves, refusing calls it cannot open descriptors for).
+/// A flag's count (at least one, as the daemon takes it), saturating.
+fn count(flag: usize) -> u64 {
+    u64::try_from(flag.max(1)).unwrap_or(u64::MAX)
+}
+
+/// Raises the soft open-file limit to the hard limit and measures it against what `config`
+/// can use. A failure to raise it leaves the limit as it was (logged, not fatal: the daemon
+/// then runs as many calls at once as that limit has room for).
 pub(crate) fn provide(config: &DaemonConfig) -> OpenFiles {
     OpenFiles {
         needed: needed(config),
