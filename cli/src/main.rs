@@ -491,7 +491,7 @@ fn profiles_in_use(policy: &CompiledPolicy) -> Vec<Arc<CompiledProfile>> {
         .collect()
 }
 
-fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
+fn run_serve(mut flags: ServeFlags) -> anyhow::Result<ExitCode> {
     let loaded = load_policy(Some(&flags.policy), None, presets::DEFAULT_PRESET)?;
     for warning in &loaded.warnings {
         eprintln!("{warning}");
@@ -510,6 +510,15 @@ fn run_serve(flags: ServeFlags) -> anyhow::Result<ExitCode> {
                 .warm_exactly(&profiles_in_use(&loaded.policy), size)
                 .await;
         }
+        // Every pooled profile's idle workers and its root template's holder, and the
+        // sessions' workers (at most --pool-max), hold descriptors beside the calls.
+        flags.config.idle_workers = flags.pool.map_or(0, |size| {
+            let per_profile = size.max_idle().saturating_add(1);
+            profiles_in_use(&loaded.policy)
+                .len()
+                .saturating_mul(per_profile)
+                .saturating_add(size.max_idle())
+        });
         let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy);
         if let Some(audit) = audit {
             gate = gate.with_audit(audit);

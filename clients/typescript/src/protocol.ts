@@ -253,7 +253,7 @@ export interface Stats {
   max_queued: number;
   /** The daemon's soft open-file limit (raised to the hard limit at start). */
   max_open_files: number;
-  /** Descriptors `max_concurrent` and `max_connections` can use at most. */
+  /** Descriptors the daemon can hold at most with its flags (egress tunnels aside). */
   open_files_needed: number;
   sessions_open: number;
 }

@@ -8,6 +8,27 @@ use std::path::{Path, PathBuf};
 use super::files::{parse_keyed, parse_number, read_file, read_from_start, read_optional_file};
 use super::{CgroupError, CgroupStats, Controller, WorkerCgroup};
 
+/// The counter files a worker's cgroup keeps open, by controller.
+const UNIFIED_COUNTERS: &[&str] = &["memory.events", "memory.peak", "pids.events"];
+/// See [`UNIFIED_COUNTERS`].
+const MEMORY_COUNTERS: &[&str] = &[
+    "memory.oom_control",
+    "memory.failcnt",
+    "memory.memsw.failcnt",
+    "memory.max_usage_in_bytes",
+];
+/// See [`UNIFIED_COUNTERS`].
+const PIDS_COUNTERS: &[&str] = &["pids.events"];
+
+/// The most counter files one worker's cgroup holds open: v1's memory and pids
+/// hierarchies together, or v2's one directory.
+pub(super) const MOST_COUNTER_FILES: usize =
+    if UNIFIED_COUNTERS.len() > MEMORY_COUNTERS.len() + PIDS_COUNTERS.len() {
+        UNIFIED_COUNTERS.len()
+    } else {
+        MEMORY_COUNTERS.len() + PIDS_COUNTERS.len()
+    };
+
 impl WorkerCgroup {
     /// Reads the counters. v2: memory.events `oom_kill` (not `oom`, which counts OOM
     /// situations rather than kills; containerd#6323) and `max`, memory.peak, pids.events
@@ -65,14 +86,9 @@ impl WorkerCgroup {
         let mut paths = Vec::new();
         for (kind, dir) in &self.dirs {
             let names: &[&str] = match kind {
-                Controller::Unified => &["memory.events", "memory.peak", "pids.events"],
-                Controller::Memory => &[
-                    "memory.oom_control",
-                    "memory.failcnt",
-                    "memory.memsw.failcnt",
-                    "memory.max_usage_in_bytes",
-                ],
-                Controller::Pids => &["pids.events"],
+                Controller::Unified => UNIFIED_COUNTERS,
+                Controller::Memory => MEMORY_COUNTERS,
+                Controller::Pids => PIDS_COUNTERS,
                 Controller::Cpu => &[],
             };
             paths.extend(names.iter().map(|name| dir.join(name)));

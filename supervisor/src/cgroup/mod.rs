@@ -36,6 +36,7 @@ mod stale;
 mod v2;
 mod worker;
 
+pub(crate) use recycle::SPARE_CGROUP_FILES;
 pub use recycle::{CgroupRecycler, RECYCLE_MAX_LEFTOVER_BYTES};
 pub use stale::worker_cgroup_name;
 

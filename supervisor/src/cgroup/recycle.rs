@@ -15,6 +15,10 @@ pub const RECYCLE_MAX_LEFTOVER_BYTES: u64 = 1 << 20;
 /// Empty worker cgroups kept for reuse at most, per supervisor.
 const SPARE_CGROUPS: usize = 16;
 
+/// Descriptors the kept cgroups hold at most: their counter files (the daemon counts them
+/// against its open-file limit).
+pub(crate) const SPARE_CGROUP_FILES: usize = SPARE_CGROUPS * super::counters::MOST_COUNTER_FILES;
+
 impl WorkerCgroup {
     /// Why this cgroup may not serve another worker, or `None` if it may (see
     /// [`CgroupRecycler`]): it must hold no process, no limit may ever have been reached in

@@ -280,7 +280,7 @@ fn stats(shared: &Shared) -> Value {
         "max_concurrent": config.max_concurrent,
         "max_queued": config.max_queued,
         "max_open_files": super::descriptors::limit_now(),
-        "open_files_needed": super::descriptors::needed(config),
+        "open_files_needed": shared.open_files_needed,
         "sessions_open": shared.gate.sessions().map_or(0, |s| s.count()),
     }})
 }

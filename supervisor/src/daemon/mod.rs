@@ -104,6 +104,10 @@ pub struct DaemonConfig {
     pub approver_gids: Vec<u32>,
     /// Calls running at once.
     pub max_concurrent: usize,
+    /// Pooled workers the daemon may keep waiting, over every pool and session (each holds
+    /// descriptors like a call in flight; 0 without a pool). Counted against the
+    /// open-file limit only.
+    pub idle_workers: usize,
     /// Calls waiting for a slot before new ones get `overloaded`.
     pub max_queued: usize,
     /// How long in-flight calls may finish after SIGTERM.
@@ -134,6 +138,7 @@ impl DaemonConfig {
             approver_uids: Vec::new(),
             approver_gids: Vec::new(),
             max_concurrent: 8,
+            idle_workers: 0,
             max_queued: 64,
             grace: Duration::from_secs(10),
             max_connections: 128,
@@ -195,6 +200,8 @@ struct Shared {
     /// Latched once the pools first held their target of idle workers: readiness then
     /// stays, so a burst that empties the pools does not take the daemon out of service.
     warmed: AtomicBool,
+    /// Descriptors the configured limits can use (`stats`).
+    open_files_needed: u64,
 }
 
 /// Client connections open now.
@@ -274,12 +281,14 @@ pub async fn serve(
     if open_files.suffices() {
         tracing::debug!(
             limit = open_files.limit,
+            held = open_files.held,
             needed = open_files.needed,
             "open-file limit"
         );
     } else {
         tracing::warn!(
             limit = open_files.limit,
+            held = open_files.held,
             needed = open_files.needed,
             max_concurrent = config.max_concurrent,
             calls_at_once,
@@ -306,6 +315,7 @@ pub async fn serve(
         calls: CancelSignal::new(),
         metrics: metrics::Metrics::new(),
         warmed: AtomicBool::new(false),
+        open_files_needed: open_files.needed,
     });
     // A supervisor the embedding program already observes keeps its observer.
     shared

@@ -20,6 +20,7 @@ mod netns;
 mod spawner;
 
 pub use image::WorkerImage;
+pub(crate) use netns::IDLE_MAX as IDLE_NAMESPACES;
 pub use netns::{LentNamespace, NamespaceCounts};
 pub use spawner::{Spawner, TemplateSpawner};
 

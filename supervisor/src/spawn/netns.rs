@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::sys;
 
-/// Idle namespaces kept for the next workers; more are dropped (and torn down).
-const IDLE_MAX: usize = 32;
+/// Idle namespaces kept for the next workers; more are dropped (and torn down). Each is a
+/// descriptor the supervisor holds (the daemon counts them against its open-file limit).
+pub(crate) const IDLE_MAX: usize = 32;
 
 /// The shelf of idle namespaces, shared by every spawner thread of a supervisor.
 #[derive(Debug, Default)]

@@ -592,7 +592,7 @@ class Stats:
     max_open_files: int
     """The daemon's soft open-file limit (raised to the hard limit at start)."""
     open_files_needed: int
-    """Descriptors max_concurrent and max_connections can use at most."""
+    """Descriptors the daemon can hold at most with its flags (egress tunnels aside)."""
     sessions_open: int
 
     @classmethod
