@@ -356,7 +356,7 @@ pub async fn serve(
                     // Out of descriptors, the pending connection stays queued and the next
                     // accept fails at once: wait for calls to end and free some rather
                     // than spin on it.
-                    if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                    if crate::sys::out_of_descriptors(&e) {
                         tokio::select! {
                             () = stop.cancelled() => break,
                             () = tokio::time::sleep(ACCEPT_BACKOFF) => {}

@@ -42,6 +42,13 @@ fn check_int(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// Whether `error` says this process (EMFILE) or the whole system (ENFILE) has no
+/// descriptor to spare: a condition that passes as others close theirs, which a loop
+/// accepting connections should wait out rather than retry at once or give up on.
+pub fn out_of_descriptors(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
 /// Creates an anonymous, sealable, close-on-exec memory file that may be executed.
 pub fn create_executable_memfd(name: &CStr) -> io::Result<OwnedFd> {
     const MFD_EXEC: libc::c_uint = 0x0010;

@@ -5,6 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -623,4 +624,98 @@ async fn a_worker_passing_the_wrong_descriptors_is_killed_as_a_protocol_violatio
         );
         supervisor.close().await;
     }
+}
+
+/// A supervisor that runs out of descriptors while a tool floods its proxy with
+/// connections pauses accepting and accepts again once they close: the tool's next request
+/// through the proxy is answered, never left queued for the rest of the call.
+#[test]
+fn a_proxy_out_of_descriptors_accepts_again_once_connections_close() {
+    let _guard = airlock_tests::shared();
+    if !clients_available() {
+        return;
+    }
+    let upstream = Upstream::start("127.0.0.1:0").unwrap();
+    let port = upstream.port();
+    let scratch = Scratch::new("egress-emfile");
+    let gate = scratch.0.join("go");
+    let fifo = std::ffi::CString::new(gate.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a NUL-terminated path this test owns.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let text = test_policy(
+        &[scratch.0.as_path()],
+        &format!("timeout = {}", airlock_tests::hang_guard_toml()),
+        "none",
+    )
+    .replace(
+        "network = \"none\"",
+        &format!("network = {}", loopback_allowlist(port)),
+    );
+    let policy = scratch.write("p.toml", &text);
+    // The tool opens idle connections to the proxy until it has as many as the proxy holds
+    // at once and more, waits for the test to see the proxy run out, closes them, and asks
+    // through the proxy again.
+    let script = format!(
+        "import socket, subprocess, sys\n\
+         held = [socket.create_connection(('127.0.0.1', {PROXY})) for _ in range(120)]\n\
+         open({gate:?}).read()\n\
+         for s in held: s.close()\n\
+         sys.stdout.write(subprocess.run(['curl', '-sS', 'http://127.0.0.1:{port}/again'], \
+         capture_output=True, text=True).stdout)\n"
+    );
+    // Room for the call (a one-shot call needs about fifty) and a few dozen of the proxy's
+    // connections, fewer than it holds at once (64, and 16 being refused); the hard limit
+    // leaves the worker its profile's.
+    let limit = libc::rlimit {
+        rlim_cur: 100,
+        rlim_max: 4096,
+    };
+    let mut command = std::process::Command::new(airlock_tests::airlock_bin());
+    command
+        .args(["exec", "--json", "--policy"])
+        .arg(&policy)
+        .args(["--", "/usr/bin/python3", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: the hook runs in the forked child before exec and only calls setrlimit,
+    // which is async-signal-safe, on a struct it owns.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    // The supervisor's log says when the proxy found no descriptor for a connection.
+    let mut log = String::new();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        log.push_str(&line);
+        if line.contains("egress proxy") && line.contains("Too many open files") {
+            break;
+        }
+    }
+    assert!(log.contains("Too many open files"), "{log}");
+    std::fs::write(&gate, "go").unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}\n{log}{rest}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(result["ok"], true, "{result}\n{log}{rest}");
+    assert!(
+        stdout_of(&result).contains("upstream saw GET /again HTTP/1.1"),
+        "{result}\n{log}{rest}"
+    );
+    assert_eq!(
+        upstream.requests(),
+        ["GET /again HTTP/1.1 host=127.0.0.1:".to_string() + &port.to_string()]
+    );
 }

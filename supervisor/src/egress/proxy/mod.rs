@@ -68,6 +68,8 @@ impl Default for EgressLimits {
 /// Connections being answered with a refusal at once, beyond `max_concurrent`; past this
 /// a connection is closed without an answer, so a flood cannot pile up tasks.
 const MAX_REFUSING: u32 = 16;
+/// How long the proxy stops accepting when it is out of descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Addresses of one name tried at most.
 const MAX_ADDRESSES: usize = 16;
 /// Buffer of each direction of a tunnel.
@@ -478,15 +480,31 @@ pub async fn serve(
     });
     let mut tasks = JoinSet::new();
     let mut accepting = true;
+    // Out of descriptors, the pending connection stays queued and the next accept fails at
+    // once: wait for tunnels (this call's or others') to close rather than spin or give up.
+    let resume = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(resume);
+    let mut paused = false;
+    // Said once per call: a shortage that lasts would otherwise be said ten times a second.
+    let mut short_of_descriptors = false;
     loop {
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
             // Reap finished connections so the set does not grow over a long call.
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            accepted = listener.accept(), if accepting => match accepted {
+            () = &mut resume, if paused => paused = false,
+            accepted = listener.accept(), if accepting && !paused => match accepted {
                 Ok((stream, _)) => admit(&shared, &mut tasks, stream),
                 Err(error) if is_transient(&error) => {}
+                Err(error) if crate::sys::out_of_descriptors(&error) => {
+                    if !short_of_descriptors {
+                        tracing::warn!(%error, "egress proxy: out of descriptors; accepting again shortly");
+                        short_of_descriptors = true;
+                    }
+                    resume.as_mut().reset(tokio::time::Instant::now() + ACCEPT_BACKOFF);
+                    paused = true;
+                }
                 Err(error) => {
                     // Retrying a persistent failure would spin; open tunnels carry on.
                     tracing::warn!(%error, "egress proxy: accept failed; taking no more connections");
