@@ -13,7 +13,7 @@ use airlock_protocol::{
 };
 use caps::CapSet;
 use nix::errno::Errno;
-use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
 use crate::landlock::{LandlockError, apply_landlock_to_current_process};
 use crate::mounts::{MountError, build_root_filesystem, finish_template_root};
@@ -282,11 +282,16 @@ pub fn confine_worker(
     timings.mark("network");
     // 5. Resource limits: lowering needs no privilege, but set them before the tool exists.
     //    Core dumps are off: a dump could land in a writable bind with the tool's memory.
+    //    A profile's limit is a ceiling: a lower hard limit inherited from whoever started
+    //    airlock (`ulimit -Hn 128`) stays, since raising it is refused and lower is stricter.
     let limit = |resource, value: u64, name: &'static str| {
-        setrlimit(resource, value, value).map_err(|errno| ConfineError::SetRlimit {
+        let failed = |errno| ConfineError::SetRlimit {
             resource: name,
             errno,
-        })
+        };
+        let (_, hard) = getrlimit(resource).map_err(failed)?;
+        let value = value.min(hard);
+        setrlimit(resource, value, value).map_err(failed)
     };
     limit(
         Resource::RLIMIT_NOFILE,

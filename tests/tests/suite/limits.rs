@@ -2,6 +2,7 @@
 //! their output or open too many files — and that nothing is left on the host afterwards.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -415,4 +416,49 @@ fn cpu_time_and_file_size_kills_name_their_limit() {
         serde_json::json!([{"layer": "limit", "object": "file_size", "count": 1}]),
         "{big}"
     );
+}
+
+/// A hard limit lower than the profile's, inherited from whoever started airlock, is
+/// kept (it is stricter) instead of failing the call trying to raise it: the tool runs
+/// with the lower one.
+#[test]
+fn a_lower_inherited_limit_is_kept_and_the_call_runs() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let scratch = Scratch::new("inherited-rlimits");
+    let policy = scratch.write(
+        "rlimits.toml",
+        &test_policy(
+            &[],
+            &format!("open_files = 256, timeout = {}", hang_guard_toml()),
+            "none",
+        ),
+    );
+    let mut command = std::process::Command::new(airlock_tests::airlock_bin());
+    command
+        .args(["exec", "--json", "--policy"])
+        .arg(&policy)
+        .args(["--", "/bin/sh", "-c", "ulimit -Sn; ulimit -Hn"]);
+    // SAFETY: the hook runs in the forked child before exec and only calls setrlimit,
+    // which is async-signal-safe, on a struct it owns.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 128,
+                rlim_max: 128,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let out = command.output().unwrap();
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(result["ok"], true, "{result}");
+    assert_eq!(result["stdout"], "128\n128\n", "{result}");
 }
