@@ -22,9 +22,23 @@ pub enum ChannelError {
     /// The worker closed the socket (it exited or was killed).
     #[error("worker closed the connection")]
     Closed,
+    /// The supervisor had no descriptor to spare for what the worker sent (EMFILE or
+    /// ENFILE): its own shortage, not the worker's doing.
+    #[error("the supervisor is out of descriptors: {0}")]
+    OutOfDescriptors(std::io::Error),
     /// Socket I/O failed.
     #[error("socket i/o: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for ChannelError {
+    fn from(error: std::io::Error) -> Self {
+        if sys::out_of_descriptors(&error) {
+            Self::OutOfDescriptors(error)
+        } else {
+            Self::Io(error)
+        }
+    }
 }
 
 /// Most log records a worker may send in one conversation.
@@ -129,9 +143,18 @@ impl WorkerChannel {
                 }
             };
             if received.truncated {
-                return Err(ChannelError::Violation(
-                    "the worker passed more descriptors than one message may carry".into(),
-                ));
+                // The kernel also truncates when it cannot install a descriptor in a full
+                // table: say which, so a shortage is not reported as the worker's doing.
+                // (Checked after the fact, so a shortage that just passed reads as a
+                // violation, as every truncation did before; either way the call ends.)
+                return Err(match sys::descriptor_to_spare() {
+                    Err(error) if sys::out_of_descriptors(&error) => {
+                        ChannelError::OutOfDescriptors(error)
+                    }
+                    _ => ChannelError::Violation(
+                        "the worker passed more descriptors than one message may carry".into(),
+                    ),
+                });
             }
             self.passed.extend(received.descriptors);
             if self.passed.len() > MAX_PASSED_DESCRIPTORS {

@@ -156,6 +156,11 @@ pub(super) fn result_of(facts: &RunFacts<'_>, outcome: Outcome) -> ToolResult {
         Conversation::Broken(ChannelError::Closed) if limit_hit.memory => {
             Some(oom_error(facts.limits.memory_bytes))
         }
+        // Not the worker's doing: the supervisor could not take what it sent.
+        Conversation::Broken(error @ ChannelError::OutOfDescriptors(_)) => Some(ToolError::new(
+            ErrorKind::SandboxUnavailable,
+            format!("worker killed: {error}; raise the open-file limit or run fewer calls at once"),
+        )),
         Conversation::Broken(error) => Some(ToolError::new(
             ErrorKind::ProtocolViolation,
             format!("worker killed: {error}"),
@@ -691,6 +696,23 @@ mod tests {
         );
         assert_eq!(kind(&violation), Some(ErrorKind::ProtocolViolation));
         assert!(violation.error.unwrap().message.contains("junk"));
+    }
+
+    #[test]
+    fn a_supervisor_out_of_descriptors_is_unavailable_not_the_workers_violation() {
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        let short = on_worker(
+            Conversation::Broken(ChannelError::from(emfile)),
+            Hit::Nothing,
+        );
+        assert_eq!(kind(&short), Some(ErrorKind::SandboxUnavailable));
+        assert!(short.error.unwrap().message.contains("out of descriptors"));
+        let reset = std::io::Error::from_raw_os_error(libc::ECONNRESET);
+        let broken = on_worker(
+            Conversation::Broken(ChannelError::from(reset)),
+            Hit::Nothing,
+        );
+        assert_eq!(kind(&broken), Some(ErrorKind::ProtocolViolation));
     }
 
     #[test]

@@ -177,7 +177,7 @@ impl Supervisor {
         let stream = match stream {
             Ok(stream) => stream,
             Err(e) => {
-                return Err(failed(Conversation::Broken(ChannelError::Io(e)), lease));
+                return Err(failed(Conversation::Broken(ChannelError::from(e)), lease));
             }
         };
         // Worker reports carry at most two bounded outputs plus small fields.
