@@ -1,7 +1,6 @@
 //! `airlock serve` for the daemon tests: started on a scratch socket, its log kept.
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -80,21 +79,7 @@ impl Daemon {
         let scratch = Scratch::new("daemon");
         let policy = scratch.write("policy.toml", DAEMON_POLICY);
         Self::start_command(scratch, policy, extra, |command| {
-            let limit = libc::rlimit {
-                rlim_cur: soft,
-                rlim_max: hard,
-            };
-            // SAFETY: the hook runs in the forked child before exec and only calls
-            // setrlimit, which is async-signal-safe, on a struct it owns.
-            unsafe {
-                command.pre_exec(move || {
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
-            }
+            crate::with_open_file_limit(command, soft, hard);
         })
     }
 

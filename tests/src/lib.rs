@@ -224,6 +224,26 @@ env = {{ PATH = "/usr/bin:/bin", LANG = "C.UTF-8" }}
     )
 }
 
+/// Makes `command` start with the open-file limits `soft` and `hard` (RLIMIT_NOFILE).
+pub fn with_open_file_limit(command: &mut Command, soft: u64, hard: u64) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: the hook runs in the forked child before exec and only calls setrlimit,
+    // which is async-signal-safe, on a struct it owns.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    }
+}
+
 /// Runs `airlock exec --json [--policy FILE] -- cmd...` and returns the result record.
 pub fn exec_json(
     policy: Option<&Path>,

@@ -5,7 +5,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -666,10 +665,6 @@ fn a_proxy_out_of_descriptors_accepts_again_once_connections_close() {
     // Room for the call (a one-shot call needs about fifty) and a few dozen of the proxy's
     // connections, fewer than it holds at once (64, and 16 being refused); the hard limit
     // leaves the worker its profile's.
-    let limit = libc::rlimit {
-        rlim_cur: 100,
-        rlim_max: 4096,
-    };
     let mut command = std::process::Command::new(airlock_tests::airlock_bin());
     command
         .args(["exec", "--json", "--policy"])
@@ -677,17 +672,7 @@ fn a_proxy_out_of_descriptors_accepts_again_once_connections_close() {
         .args(["--", "/usr/bin/python3", "-c", &script])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    // SAFETY: the hook runs in the forked child before exec and only calls setrlimit,
-    // which is async-signal-safe, on a struct it owns.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
+    airlock_tests::with_open_file_limit(&mut command, 100, 4096);
     let mut child = command.spawn().unwrap();
     // The supervisor's log says when the proxy found no descriptor for a connection.
     let mut log = String::new();

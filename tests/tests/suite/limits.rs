@@ -2,7 +2,6 @@
 //! their output or open too many files — and that nothing is left on the host afterwards.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -441,21 +440,7 @@ fn a_lower_inherited_limit_is_kept_and_the_call_runs() {
         .args(["exec", "--json", "--policy"])
         .arg(&policy)
         .args(["--", "/bin/sh", "-c", "ulimit -Sn; ulimit -Hn"]);
-    // SAFETY: the hook runs in the forked child before exec and only calls setrlimit,
-    // which is async-signal-safe, on a struct it owns.
-    unsafe {
-        command.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: 128,
-                rlim_max: 128,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        });
-    }
+    airlock_tests::with_open_file_limit(&mut command, 128, 128);
     let out = command.output().unwrap();
     let result: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
