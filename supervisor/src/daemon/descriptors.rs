@@ -16,9 +16,13 @@ use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use super::DaemonConfig;
 
 /// Descriptors one call in flight may hold (eleven measured under cgroup v1 with the memory
-/// and pids controllers; an egress proxy's connections come on top). An idle pooled
-/// worker holds no more.
+/// and pids controllers; an egress proxy's connections come on top).
 const PER_CALL: u64 = 16;
+
+/// Descriptors an idle pooled worker holds (nine measured under cgroup v1: its socket,
+/// pidfd, seccomp listener, network namespace and cgroup counters), or a root template's
+/// holder (fewer).
+const PER_IDLE_WORKER: u64 = 10;
 
 /// Descriptors the supervisor keeps between calls at most, for reuse.
 const KEPT: u64 = crate::spawn::IDLE_NAMESPACES as u64 + crate::cgroup::SPARE_CGROUP_FILES as u64;
@@ -72,11 +76,12 @@ pub(crate) fn needed(config: &DaemonConfig, held: u64) -> u64 {
         .saturating_add(count(config.max_concurrent).saturating_mul(PER_CALL))
 }
 
-/// Descriptors the idle pooled workers may hold.
+/// Descriptors the idle pooled workers may hold. Those warm at start are counted in what
+/// is held then as well: a few dozen descriptors too many, never too few.
 fn idle(config: &DaemonConfig) -> u64 {
     u64::try_from(config.idle_workers)
         .unwrap_or(u64::MAX)
-        .saturating_mul(PER_CALL)
+        .saturating_mul(PER_IDLE_WORKER)
 }
 
 /// A flag's count (at least one, as the daemon takes it), saturating.
@@ -210,12 +215,27 @@ mod tests {
         };
         assert_eq!(
             needed(&pooled, HELD),
-            needed(&config(64, 64), HELD) + 8 * 16
+            needed(&config(64, 64), HELD) + 8 * 10
         );
         assert_eq!(
             open.calls_at_once(&pooled),
-            usize::try_from((1024 - HELD - KEPT - 64 - 8 * 16) / 16).unwrap()
+            usize::try_from((1024 - HELD - KEPT - 64 - 8 * 10) / 16).unwrap()
         );
+    }
+
+    #[test]
+    fn a_pooled_daemon_with_the_defaults_fits_the_common_soft_limit() {
+        // --pool 4 (at most 16 idle) for a profile, its template's holder, and as many
+        // sessions' workers; the four warm at start are in what is held then, too.
+        let mut pooled = config(8, 128);
+        pooled.idle_workers = (16 + 1) + 16;
+        let open = OpenFiles {
+            held: HELD + 4 * 10,
+            needed: needed(&pooled, HELD + 4 * 10),
+            limit: 1024,
+        };
+        assert!(open.suffices(), "{open:?}");
+        assert_eq!(open.calls_at_once(&pooled), 8);
     }
 
     #[test]
