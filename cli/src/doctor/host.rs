@@ -1,5 +1,5 @@
-//! The host and this build: the kernel release, this process's privileges, and which
-//! worker program the supervisor execs.
+//! The host and this build: the kernel release, this process's privileges and open-file
+//! limits, and which worker program the supervisor execs.
 
 use serde_json::json;
 
@@ -163,9 +163,88 @@ pub(super) fn check_privileges() -> Check {
         .with_facts(json!({ "euid": uid, "cap_sys_admin": admin }))
 }
 
+/// The open-file limit this shell gives airlock, against what a tool's default profile
+/// and `airlock serve` with its default flags can use.
+pub(super) fn check_open_files() -> Check {
+    const ID: &str = "open_files";
+    const TITLE: &str = "open-file limit";
+    let Ok((soft, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return Check::problem(
+            ID,
+            TITLE,
+            Status::Warn,
+            "RLIMIT_NOFILE cannot be read",
+            "nothing known: calls may fail for want of descriptors",
+            "none known",
+        );
+    };
+    let serve = airlock::daemon::open_files_needed_by(&airlock::daemon::DaemonConfig::new(
+        "/run/airlock/airlock.sock".into(),
+    ));
+    let profile = airlock_policy::validate::defaults::OPEN_FILES;
+    let facts = json!({ "soft": soft, "hard": hard, "serve_defaults_need": serve, "profile_default": profile });
+    assess_open_files(soft, hard, serve, profile).with_facts(facts)
+}
+
+/// [`check_open_files`]'s verdict on the limits `soft` and `hard`, given what `serve` with
+/// its default flags needs and the default profile's `open_files`.
+fn assess_open_files(soft: u64, hard: u64, serve: u64, profile: u64) -> Check {
+    const ID: &str = "open_files";
+    const TITLE: &str = "open-file limit";
+    let limits = format!("soft {soft}, hard {hard}");
+    if hard < profile {
+        return Check::problem(
+            ID,
+            TITLE,
+            Status::Warn,
+            format!("{limits}: below the default profile's open_files ({profile})"),
+            format!(
+                "tools get the lower hard limit ({hard}) instead of their profile's, and `airlock serve` runs fewer calls at once"
+            ),
+            "raise the hard limit (ulimit -Hn, LimitNOFILE= in a unit, --ulimit nofile= for a container)",
+        );
+    }
+    if hard < serve {
+        return Check::problem(
+            ID,
+            TITLE,
+            Status::Warn,
+            format!(
+                "{limits}: below the about {serve} that `airlock serve` with its default flags can use"
+            ),
+            "`airlock serve` runs fewer calls at once than --max-concurrent and queues the rest",
+            "raise the hard limit (ulimit -Hn, LimitNOFILE= in a unit, --ulimit nofile= for a container)",
+        );
+    }
+    Check::ok(
+        ID,
+        TITLE,
+        format!(
+            "{limits}: `airlock serve` raises its soft limit to the hard one, room for about {} calls at once",
+            (hard.saturating_sub(serve) / 16).saturating_add(8)
+        ),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hard_open_file_limit_below_the_profile_or_the_daemon_is_a_warning() {
+        assert_eq!(
+            assess_open_files(1024, 524_288, 800, 256).status,
+            Status::Ok
+        );
+        let short = assess_open_files(1024, 1024, 1100, 256);
+        assert_eq!(short.status, Status::Warn);
+        assert!(short.breaks.unwrap().contains("fewer calls at once"));
+        let tools = assess_open_files(128, 128, 800, 256);
+        assert_eq!(tools.status, Status::Warn);
+        assert!(tools.breaks.unwrap().contains("lower hard limit (128)"));
+    }
 
     #[test]
     fn kernel_releases_parse_to_major_and_minor() {

@@ -23,7 +23,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use cgroup::check_cgroups;
-use host::{check_kernel, check_privileges, check_worker_image};
+use host::{check_kernel, check_open_files, check_privileges, check_worker_image};
 use landlock::check_landlock;
 use sandbox::{check_default_sandbox, check_egress_sandbox};
 use seccomp::check_seccomp;
@@ -120,7 +120,12 @@ struct Report {
 
 /// Runs every check, prints the report, and exits 0 only if the default profile works.
 pub fn run_doctor(args: &DoctorArgs) -> anyhow::Result<ExitCode> {
-    let mut checks = vec![check_kernel(), check_privileges(), check_worker_image()];
+    let mut checks = vec![
+        check_kernel(),
+        check_privileges(),
+        check_open_files(),
+        check_worker_image(),
+    ];
     checks.extend(check_user_namespaces());
     checks.extend(check_landlock());
     checks.extend(check_seccomp());

@@ -102,6 +102,13 @@ pub(crate) fn provide(config: &DaemonConfig) -> OpenFiles {
     }
 }
 
+/// About how many descriptors `airlock serve` with `config` can hold: [`needed`] with
+/// what a daemon typically holds at start, for a report made outside the daemon
+/// (`airlock doctor`).
+pub fn open_files_needed_by(config: &DaemonConfig) -> u64 {
+    needed(config, HELD_UNCOUNTED)
+}
+
 /// Descriptors this process holds now, or [`HELD_UNCOUNTED`] if they cannot be listed.
 fn held_now() -> u64 {
     match std::fs::read_dir("/proc/self/fd") {

@@ -38,7 +38,7 @@ use crate::cancel::CancelSignal;
 use crate::gate::Gate;
 
 pub use client::{DaemonClient, ToolResultJson};
-pub use descriptors::raise_open_file_limit;
+pub use descriptors::{open_files_needed_by, raise_open_file_limit};
 pub use metrics_http::{MetricsError, MetricsListen};
 pub use wire::{
     CallRequest, CancelRequest, ExecuteRequest, FrameRequest, FrameResponse, GetFileRequest,
