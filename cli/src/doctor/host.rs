@@ -163,17 +163,20 @@ pub(super) fn check_privileges() -> Check {
         .with_facts(json!({ "euid": uid, "cap_sys_admin": admin }))
 }
 
+/// The open-file check's id and title.
+const OPEN_FILES_ID: &str = "open_files";
+/// See [`OPEN_FILES_ID`].
+const OPEN_FILES_TITLE: &str = "open-file limit";
+
 /// The open-file limit this shell gives airlock, against what a tool's default profile
 /// and `airlock serve` with its default flags can use.
 pub(super) fn check_open_files() -> Check {
-    const ID: &str = "open_files";
-    const TITLE: &str = "open-file limit";
     let Ok((soft, hard)) =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
     else {
         return Check::problem(
-            ID,
-            TITLE,
+            OPEN_FILES_ID,
+            OPEN_FILES_TITLE,
             Status::Warn,
             "RLIMIT_NOFILE cannot be read",
             "nothing known: calls may fail for want of descriptors",
@@ -191,13 +194,11 @@ pub(super) fn check_open_files() -> Check {
 /// [`check_open_files`]'s verdict on the limits `soft` and `hard`, given what `serve` with
 /// its default flags needs and the default profile's `open_files`.
 fn assess_open_files(soft: u64, hard: u64, serve: u64, profile: u64) -> Check {
-    const ID: &str = "open_files";
-    const TITLE: &str = "open-file limit";
     let limits = format!("soft {soft}, hard {hard}");
     if hard < profile {
         return Check::problem(
-            ID,
-            TITLE,
+            OPEN_FILES_ID,
+            OPEN_FILES_TITLE,
             Status::Warn,
             format!("{limits}: below the default profile's open_files ({profile})"),
             format!(
@@ -208,8 +209,8 @@ fn assess_open_files(soft: u64, hard: u64, serve: u64, profile: u64) -> Check {
     }
     if hard < serve {
         return Check::problem(
-            ID,
-            TITLE,
+            OPEN_FILES_ID,
+            OPEN_FILES_TITLE,
             Status::Warn,
             format!(
                 "{limits}: below the about {serve} that `airlock serve` with its default flags can use"
@@ -219,8 +220,8 @@ fn assess_open_files(soft: u64, hard: u64, serve: u64, profile: u64) -> Check {
         );
     }
     Check::ok(
-        ID,
-        TITLE,
+        OPEN_FILES_ID,
+        OPEN_FILES_TITLE,
         format!(
             "{limits}: `airlock serve` raises its soft limit to the hard one, room for about {} calls at once",
             (hard.saturating_sub(serve) / 16).saturating_add(8)
