@@ -244,6 +244,33 @@ pub async fn serve(
         Some(listen) => Some(metrics_http::bind(listen).await?),
         None => None,
     };
+    // Before the socket appears: a client that finds it finds the limit raised, too.
+    let open_files = descriptors::provide(&config);
+    let calls_at_once = open_files.calls_at_once(&config);
+    if open_files.suffices() {
+        tracing::debug!(
+            limit = open_files.limit,
+            held = open_files.held,
+            needed = open_files.needed,
+            "open-file limit"
+        );
+    } else {
+        tracing::warn!(
+            limit = open_files.limit,
+            held = open_files.held,
+            needed = open_files.needed,
+            max_concurrent = config.max_concurrent,
+            calls_at_once,
+            "the open-file limit is below what --max-concurrent and --max-connections can \
+             use: fewer calls run at once, the rest wait in the queue; raise the hard limit \
+             (LimitNOFILE=, ulimit -Hn)"
+        );
+    }
+    // What the daemon enforces is what it reports (`stats`) and paces retries by.
+    let config = DaemonConfig {
+        max_concurrent: calls_at_once,
+        ..config
+    };
     let path = config.socket.clone();
     let display = path.display().to_string();
     // Bind under a temporary name, set 0600, then rename into place: the socket never
@@ -276,32 +303,6 @@ pub async fn serve(
             });
         }
     }
-    let open_files = descriptors::provide(&config);
-    let calls_at_once = open_files.calls_at_once(&config);
-    if open_files.suffices() {
-        tracing::debug!(
-            limit = open_files.limit,
-            held = open_files.held,
-            needed = open_files.needed,
-            "open-file limit"
-        );
-    } else {
-        tracing::warn!(
-            limit = open_files.limit,
-            held = open_files.held,
-            needed = open_files.needed,
-            max_concurrent = config.max_concurrent,
-            calls_at_once,
-            "the open-file limit is below what --max-concurrent and --max-connections can \
-             use: fewer calls run at once, the rest wait in the queue; raise the hard limit \
-             (LimitNOFILE=, ulimit -Hn)"
-        );
-    }
-    // What the daemon enforces is what it reports (`stats`) and paces retries by.
-    let config = DaemonConfig {
-        max_concurrent: calls_at_once,
-        ..config
-    };
     let shared = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
         connections: Arc::new(Semaphore::new(config.max_connections.max(1))),

@@ -385,7 +385,7 @@ fn the_daemon_raises_its_open_file_limit_and_its_tools_keep_their_own() {
         return;
     }
     let daemon = Daemon::start_with_open_files(&["--max-concurrent", "256"], 256, 8192);
-    // Answered once the daemon serves: its socket appears before it raises the limit.
+    // Answered once the daemon serves, by which time it has raised its limit.
     let stats = ask(&daemon.socket, serde_json::json!({"id": 1, "op": "stats"}))["result"].clone();
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", daemon.child.id())).unwrap();
     let open_files = limits
