@@ -700,19 +700,12 @@ mod tests {
 
     #[test]
     fn a_supervisor_out_of_descriptors_is_unavailable_not_the_workers_violation() {
-        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
-        let short = on_worker(
-            Conversation::Broken(ChannelError::from(emfile)),
-            Hit::Nothing,
-        );
+        let broken = |errno| Conversation::Broken(std::io::Error::from_raw_os_error(errno).into());
+        let short = on_worker(broken(libc::EMFILE), Hit::Nothing);
         assert_eq!(kind(&short), Some(ErrorKind::SandboxUnavailable));
         assert!(short.error.unwrap().message.contains("out of descriptors"));
-        let reset = std::io::Error::from_raw_os_error(libc::ECONNRESET);
-        let broken = on_worker(
-            Conversation::Broken(ChannelError::from(reset)),
-            Hit::Nothing,
-        );
-        assert_eq!(kind(&broken), Some(ErrorKind::ProtocolViolation));
+        let reset = on_worker(broken(libc::ECONNRESET), Hit::Nothing);
+        assert_eq!(kind(&reset), Some(ErrorKind::ProtocolViolation));
     }
 
     #[test]
