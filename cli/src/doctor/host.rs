@@ -167,6 +167,9 @@ pub(super) fn check_privileges() -> Check {
 const OPEN_FILES_ID: &str = "open_files";
 /// See [`OPEN_FILES_ID`].
 const OPEN_FILES_TITLE: &str = "open-file limit";
+/// How to give airlock more descriptors.
+const OPEN_FILES_FIX: &str =
+    "raise the hard limit (ulimit -Hn, LimitNOFILE= in a unit, --ulimit nofile= for a container)";
 
 /// The open-file limit this shell gives airlock, against what a tool's default profile
 /// and `airlock serve` with its default flags can use.
@@ -204,7 +207,7 @@ fn assess_open_files(soft: u64, hard: u64, serve: u64, profile: u64) -> Check {
             format!(
                 "tools get the lower hard limit ({hard}) instead of their profile's, and `airlock serve` runs fewer calls at once"
             ),
-            "raise the hard limit (ulimit -Hn, LimitNOFILE= in a unit, --ulimit nofile= for a container)",
+            OPEN_FILES_FIX,
         );
     }
     if hard < serve {
@@ -216,15 +219,15 @@ fn assess_open_files(soft: u64, hard: u64, serve: u64, profile: u64) -> Check {
                 "{limits}: below the about {serve} that `airlock serve` with its default flags can use"
             ),
             "`airlock serve` runs fewer calls at once than --max-concurrent and queues the rest",
-            "raise the hard limit (ulimit -Hn, LimitNOFILE= in a unit, --ulimit nofile= for a container)",
+            OPEN_FILES_FIX,
         );
     }
     Check::ok(
         OPEN_FILES_ID,
         OPEN_FILES_TITLE,
         format!(
-            "{limits}: `airlock serve` raises its soft limit to the hard one, room for about {} calls at once",
-            (hard.saturating_sub(serve) / 16).saturating_add(8)
+            "{limits}: room for tools' defaults and for `airlock serve`'s (about {serve}); \
+             the daemon raises its soft limit to the hard one"
         ),
     )
 }

@@ -104,9 +104,8 @@ pub struct DaemonConfig {
     pub approver_gids: Vec<u32>,
     /// Calls running at once.
     pub max_concurrent: usize,
-    /// Pooled workers the daemon may keep waiting, over every pool and session (each holds
-    /// descriptors like a call in flight; 0 without a pool). Counted against the
-    /// open-file limit only.
+    /// Pooled workers the daemon may keep waiting, over every pool and session (0 without
+    /// a pool): each holds a few descriptors, counted against the open-file limit only.
     pub idle_workers: usize,
     /// Calls waiting for a slot before new ones get `overloaded`.
     pub max_queued: usize,
@@ -261,8 +260,8 @@ pub async fn serve(
             needed = open_files.needed,
             max_concurrent = config.max_concurrent,
             calls_at_once,
-            "the open-file limit is below what --max-concurrent and --max-connections can \
-             use: fewer calls run at once, the rest wait in the queue; raise the hard limit \
+            "the open-file limit is below what the daemon can hold with its flags \
+             (--max-concurrent, --max-connections, --pool): fewer calls run at once, the rest wait in the queue; raise the hard limit \
              (LimitNOFILE=, ulimit -Hn)"
         );
     }

@@ -51,14 +51,7 @@ pub fn out_of_descriptors(error: &io::Error) -> bool {
 
 /// Whether this process could open one more descriptor now: `Err` (EMFILE, ENFILE) if not.
 pub fn descriptor_to_spare() -> io::Result<()> {
-    // SAFETY: open of a constant, NUL-terminated path; the result is checked and closed.
-    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor owned by nobody else; dropping it closes it.
-    drop(unsafe { OwnedFd::from_raw_fd(fd) });
-    Ok(())
+    std::fs::File::open("/dev/null").map(drop)
 }
 
 /// Creates an anonymous, sealable, close-on-exec memory file that may be executed.
