@@ -181,6 +181,14 @@ pub(crate) enum Command {
         /// them, `denial_reporting.landlock` says `unavailable`.
         #[arg(long)]
         landlock_audit: bool,
+        /// Make the call through the `airlock serve` listening on this socket instead of a
+        /// sandbox of this process: the daemon's policy, pooled workers, limits and audit
+        /// apply (faster from a shell loop; see docs/daemon.md).
+        #[arg(
+            long,
+            conflicts_with_all = ["policy", "preset", "sandbox_uid", "audit", "landlock_audit"]
+        )]
+        socket: Option<PathBuf>,
     },
     /// Serve the gate on a Unix socket (JSON lines, or bincode frames for Rust clients).
     ///

@@ -29,6 +29,7 @@ mod learn;
 mod manual;
 mod mcp;
 mod reload;
+mod remote;
 mod selftest;
 mod sys;
 mod watch;
@@ -617,6 +618,28 @@ fn main() -> ExitCode {
             )
         }),
         Command::Run {
+            tool,
+            input,
+            call_id,
+            dry_run,
+            plan_mode,
+            session,
+            socket: Some(socket),
+            ..
+        } => input::arguments(&input)
+            .map_err(anyhow::Error::from)
+            .and_then(|arguments_json| {
+                let call = remote::RemoteCall {
+                    tool,
+                    arguments_json,
+                    call_id,
+                    session,
+                    plan_mode,
+                    dry_run,
+                };
+                remote::run_remote(&socket, call)
+            }),
+        Command::Run {
             policy,
             preset,
             tool,
@@ -628,6 +651,7 @@ fn main() -> ExitCode {
             session,
             audit,
             landlock_audit,
+            socket: None,
         } => OneShot::start(sandbox_uid, landlock_audit).and_then(|one_shot| {
             let flags = RunFlags {
                 call_id,

@@ -382,3 +382,168 @@ fn log_format_json_makes_every_log_line_a_json_object() {
         "{stderr}"
     );
 }
+
+/// `airlock run --socket S args...`: the exit code, the record printed (if any), stderr.
+fn run_through(socket: &Path, args: &[&str]) -> (Option<i32>, Option<serde_json::Value>, String) {
+    let mut all = vec!["run", "--socket", socket.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = airlock(&all);
+    let stdout = text(&out.stdout);
+    let record = (!stdout.trim().is_empty())
+        .then(|| serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}")));
+    (out.status.code(), record, text(&out.stderr))
+}
+
+#[test]
+fn run_through_a_daemon_prints_its_record_with_the_one_shot_exit_codes() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = airlock_tests::daemon::Daemon::start(&["--pool", "1"]);
+    let socket = daemon.socket.as_path();
+    let (code, record, stderr) = run_through(
+        socket,
+        &[
+            "--tool",
+            "echo",
+            "--input",
+            r#"{"text":"hi"}"#,
+            "--call-id",
+            "c-7",
+        ],
+    );
+    let record = record.unwrap_or_else(|| panic!("no record: {stderr}"));
+    assert_eq!(code, Some(0), "{record}");
+    assert_eq!(record["ok"], true, "{record}");
+    assert_eq!(record["stdout"], "hi\n", "{record}");
+    assert_eq!(record["call_id"], "c-7", "{record}");
+    assert_eq!(record["isolation"]["backend"], "airlock", "{record}");
+    // The gate's refusals are records too, and the call did not succeed: exit 1.
+    for (input, kind) in [
+        (r#"{}"#, "invalid_input"),
+        (r#"{"text": 1"#, "invalid_input"),
+    ] {
+        let (code, record, _) = run_through(socket, &["--tool", "echo", "--input", input]);
+        let record = record.unwrap();
+        assert_eq!(code, Some(1), "{record}");
+        assert_eq!(record["error"]["kind"], kind, "{record}");
+    }
+    let (code, record, _) =
+        run_through(socket, &["--tool", "guarded", "--input", r#"{"text":"x"}"#]);
+    assert_eq!(code, Some(1));
+    assert_eq!(record.unwrap()["error"]["kind"], "approval_required");
+    // The daemon's plan mode refuses a tool that writes.
+    let (code, record, _) = run_through(
+        socket,
+        &[
+            "--tool",
+            "guarded",
+            "--input",
+            r#"{"text":"x"}"#,
+            "--plan-mode",
+        ],
+    );
+    assert_eq!(code, Some(1));
+    assert_eq!(record.unwrap()["error"]["kind"], "denied");
+    // A dry run prints the plan and runs nothing.
+    let (code, plan, _) = run_through(
+        socket,
+        &["--tool", "echo", "--input", r#"{"text":"hi"}"#, "--dry-run"],
+    );
+    let plan = plan.unwrap();
+    assert_eq!(code, Some(0), "{plan}");
+    assert_eq!(
+        plan["argv"],
+        serde_json::json!(["/bin/echo", "hi"]),
+        "{plan}"
+    );
+    // A request the daemon refuses whole: no record, airlock's own failure.
+    let (code, record, stderr) = run_through(
+        socket,
+        &["--tool", "echo", "--input", "{}", "--call-id", "a\tb"],
+    );
+    assert_eq!((code, record), (Some(125), None));
+    assert!(
+        stderr.contains("invalid_request") && stderr.contains("call_id"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn run_through_a_socket_refuses_the_one_shot_flags_and_a_peer_that_does_not_answer() {
+    let _guard = airlock_tests::shared();
+    let scratch = Scratch::new("cli-run-socket");
+    let socket = scratch.0.join("mute.sock");
+    // The daemon's policy, sandbox user and audit apply: flags that would choose them
+    // locally are a usage error, not silently ignored.
+    for flag in [
+        &["--policy", "p.toml"][..],
+        &["--preset", "examples"],
+        &["--sandbox-uid", "1000"],
+        &["--audit", "-"],
+        &["--landlock-audit"],
+    ] {
+        let (code, record, stderr) =
+            run_through(&socket, &[&["--tool", "t", "--input", "{}"], flag].concat());
+        assert_eq!((code, record), (Some(125), None), "{flag:?}: {stderr}");
+        assert!(stderr.contains("--socket"), "{flag:?}: {stderr}");
+    }
+    let (code, _, stderr) = run_through(&socket, &["--tool", "t", "--input", "{}"]);
+    assert_eq!(code, Some(125));
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+    // A peer that reads the request and hangs up without a word, and one that answers
+    // something else than a call's answer.
+    for reply in [
+        &b""[..],
+        b"{\"id\":1,\"result\":{\"stdout\":\"x\"}}\n",
+        b"{\"id\":1,",
+    ] {
+        let _ = std::fs::remove_file(&socket);
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut line = Vec::new();
+            let mut byte = [0u8; 1];
+            while stream.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+                line.push(byte[0]);
+            }
+            stream.write_all(reply).unwrap();
+            String::from_utf8(line).unwrap()
+        });
+        let (code, record, stderr) = run_through(&socket, &["--tool", "t", "--input", "{}"]);
+        let request: serde_json::Value = serde_json::from_str(&peer.join().unwrap()).unwrap();
+        assert_eq!(request["op"], "call");
+        assert_eq!((code, record), (Some(125), None), "{stderr}");
+        assert!(
+            stderr.contains("without answering") || stderr.contains("not a call's answer"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn run_through_a_daemon_cancels_its_call_when_interrupted() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = airlock_tests::daemon::Daemon::start(&[]);
+    let marker = format!("300.{}", std::process::id());
+    let mut client = Command::new(airlock_bin())
+        .args(["run", "--socket", daemon.socket.to_str().unwrap()])
+        .args(["--tool", "sleep", "--input"])
+        .arg(format!(r#"{{"seconds":"{marker}"}}"#))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sleeping = || airlock_tests::host_processes_with(&format!("sleep {marker}")).len() == 1;
+    wait_until("the tool sleeps", sleeping);
+    // SAFETY: kill on our own child's pid, not yet waited for.
+    assert_eq!(unsafe { libc::kill(client.id() as i32, libc::SIGINT) }, 0);
+    let _ = client.wait().unwrap();
+    wait_until("the daemon killed the abandoned call's tool", || {
+        airlock_tests::host_processes_with(&format!("sleep {marker}")).is_empty()
+    });
+}
