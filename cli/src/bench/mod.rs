@@ -8,6 +8,7 @@ mod egress;
 mod memory;
 mod oneshot;
 mod session;
+mod shell_daemon;
 mod table;
 
 use memory::{

@@ -1,6 +1,8 @@
 //! One-shot runs from the shell: whole `airlock exec -- /bin/true` and `airlock run` of a
 //! command tool processes against `bwrap`, round-robin in one run, each with the CPU time
-//! and context switches it and its descendants used.
+//! and context switches it and its descendants used; and, in the same rounds, `airlock run
+//! --socket` of the same tool through an `airlock serve` with a pool, whose CPU adds the
+//! daemon's share to the client's.
 //!
 //! Measured before anything else in the bench starts a supervisor in this process: the
 //! CPU figures are the growth of this process's reaped-children usage across one child,
@@ -17,6 +19,7 @@ use std::time::Instant;
 use nix::sys::resource::{UsageWho, getrusage};
 use serde::Serialize;
 
+use super::shell_daemon::ShellDaemon;
 use super::{BENCH_POLICY, bwrap_command, percentile};
 
 /// Why the one-shot section could not run.
@@ -50,8 +53,13 @@ pub struct OneshotFigures {
     /// 10th and 90th percentiles, so one figure's noise is visible.
     vs_bwrap_p10: Option<f64>,
     vs_bwrap_p90: Option<f64>,
-    /// CPU time per run over bwrap's.
+    /// CPU time per run over bwrap's (for the daemon's client, its share of the
+    /// daemon's CPU included).
     cpu_vs_bwrap: Option<f64>,
+    /// The daemon's CPU per call of the `--socket` contender (its workers' included):
+    /// all it used during the section over the calls it served; not in `cpu_ms_per_run`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    daemon_cpu_ms_per_run: Option<f64>,
 }
 
 /// The one-shot section of the report.
@@ -59,6 +67,9 @@ pub struct OneshotFigures {
 pub struct OneshotBench {
     rounds: usize,
     contenders: Vec<OneshotFigures>,
+    /// Why the daemon's client was not measured, when it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    daemon_not_measured: Option<String>,
 }
 
 /// One sample: wall milliseconds, CPU milliseconds, context switches.
@@ -73,8 +84,9 @@ fn children_usage() -> Option<(f64, f64)> {
     Some((cpu, switches))
 }
 
-/// Runs `command` to completion; `None` unless it exits 0.
-fn sample(command: &mut Command) -> Option<Sample> {
+/// Runs `command` to completion, then reaps every orphan but `keep`; `None` unless it
+/// exits 0.
+fn sample(command: &mut Command, keep: Option<u32>) -> Option<Sample> {
     let (cpu_before, switches_before) = children_usage()?;
     let started = Instant::now();
     let status = command
@@ -84,7 +96,7 @@ fn sample(command: &mut Command) -> Option<Sample> {
         .status()
         .ok()?;
     let wall = started.elapsed().as_secs_f64() * 1e3;
-    reap_orphans();
+    reap_orphans(keep);
     let (cpu_after, switches_after) = children_usage()?;
     status.success().then_some((
         wall,
@@ -93,9 +105,43 @@ fn sample(command: &mut Command) -> Option<Sample> {
     ))
 }
 
-/// Waits for every remaining child (orphans adopted as subreaper) until there is none.
-fn reap_orphans() {
-    while nix::sys::wait::waitpid(None, None).is_ok() {}
+/// Waits for every remaining child (orphans adopted as subreaper) but `keep` until there is
+/// none.
+fn reap_orphans(keep: Option<u32>) {
+    let Some(keep) = keep else {
+        while nix::sys::wait::waitpid(None, None).is_ok() {}
+        return;
+    };
+    // With a child that stays, waiting for any child would wait for it: wait for the
+    // others by pid, as the kernel lists them, until none is left.
+    loop {
+        let others: Vec<u32> = children().into_iter().filter(|&c| c != keep).collect();
+        if others.is_empty() {
+            return;
+        }
+        for pid in others {
+            if let Ok(raw) = i32::try_from(pid) {
+                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(raw), None);
+            }
+        }
+    }
+}
+
+/// This process's children, from every thread's `children` list.
+fn children() -> Vec<u32> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        found.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    found
 }
 
 /// Contenders: bwrap (if any), then each airlock binary's `exec` and `run`.
@@ -143,6 +189,27 @@ fn contenders(
     all
 }
 
+/// `airlock run --socket` of the bench's `true` tool, through the daemon on `socket`.
+fn client_contender(
+    label: &str,
+    binary: &Path,
+    socket: &Path,
+) -> (String, Box<dyn Fn() -> Command>) {
+    let (binary, socket) = (binary.to_path_buf(), socket.to_path_buf());
+    (
+        format!("airlock run --socket, pooled daemon ({label})"),
+        Box::new(move || {
+            let mut command = Command::new(&binary);
+            command
+                .arg("run")
+                .arg("--socket")
+                .arg(&socket)
+                .args(["--tool", "true", "--input", "{}"]);
+            command
+        }),
+    )
+}
+
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
     let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
     if n == 0 { f64::NAN } else { sum / n as f64 }
@@ -168,24 +235,50 @@ pub fn measure(
     };
     std::fs::create_dir_all(&dir).map_err(write_failed)?;
     std::fs::write(&policy, BENCH_POLICY).map_err(write_failed)?;
-    let all = contenders(bwrap, airlocks, &policy);
+    let mut all = contenders(bwrap, airlocks, &policy);
+    // Started before this process becomes a subreaper: the daemon is a child that stays.
+    let daemon = match airlocks.first() {
+        Some((label, binary)) => match ShellDaemon::start(binary, &policy, &dir) {
+            Ok(daemon) => {
+                all.push(client_contender(label, binary, daemon.socket()));
+                Ok(daemon)
+            }
+            Err(why) => Err(why),
+        },
+        None => Err("no airlock binary".to_string()),
+    };
+    let client = daemon.as_ref().ok().map(|_| all.len() - 1);
+    let keep = daemon.as_ref().ok().map(ShellDaemon::pid);
     // Undone below: outside this section a subreaper would keep bwrap's orphans as zombies
     // (see `Supervisor::start`).
     let subreaper = nix::sys::prctl::set_child_subreaper(true).is_ok();
     // samples[contender][round]: None where that run failed.
     let mut samples: Vec<Vec<Option<Sample>>> = vec![Vec::new(); all.len()];
+    let mut daemon_cpu_before = None;
     for round in 0..=rounds {
+        if round == 1 {
+            daemon_cpu_before = daemon.as_ref().ok().and_then(ShellDaemon::cpu_ms);
+        }
         for step in 0..all.len() {
             let which = (step + round) % all.len();
-            let taken = sample(&mut (all[which].1)());
+            let taken = sample(&mut (all[which].1)(), keep);
+            if Some(which) == client
+                && let Ok(daemon) = &daemon
+            {
+                daemon.wait_for_refill();
+            }
             if round > 0 {
                 samples[which].push(taken);
             }
         }
     }
+    let daemon_cpu = daemon.as_ref().ok().and_then(ShellDaemon::cpu_ms);
+    let daemon_not_measured = daemon.as_ref().err().cloned();
+    // Stopped (and reaped) before the orphans are: waiting for any child waits for it too.
+    drop(daemon);
     if subreaper {
         let _ = nix::sys::prctl::set_child_subreaper(false);
-        reap_orphans();
+        reap_orphans(None);
     }
     let _ = std::fs::remove_dir_all(&dir);
     let bwrap_samples = bwrap.map(|_| &samples[0]);
@@ -195,7 +288,8 @@ pub fn measure(
     let contenders = all
         .iter()
         .zip(&samples)
-        .map(|((name, _), mine)| {
+        .enumerate()
+        .map(|(index, ((name, _), mine))| {
             let walls = sorted(mine.iter().flatten().map(|x| x.0).collect());
             let per_round: Option<Vec<f64>> = bwrap_samples.map(|theirs| {
                 sorted(
@@ -205,7 +299,15 @@ pub fn measure(
                         .collect(),
                 )
             });
+            let served = mine.iter().flatten().count();
+            let daemon_cpu_ms_per_run = match (daemon_cpu_before, daemon_cpu) {
+                (Some(before), Some(after)) if Some(index) == client && served > 0 => {
+                    Some((after - before) / served as f64)
+                }
+                _ => None,
+            };
             let cpu = cpu_of(mine);
+            let cpu_in_all = cpu + daemon_cpu_ms_per_run.unwrap_or(0.0);
             OneshotFigures {
                 name: name.clone(),
                 median_ms: percentile(&walls, 0.5),
@@ -216,11 +318,16 @@ pub fn measure(
                 vs_bwrap: bwrap_samples.map(|b| percentile(&walls, 0.5) / median_of(b)),
                 vs_bwrap_p10: per_round.as_ref().map(|r| percentile(r, 0.1)),
                 vs_bwrap_p90: per_round.as_ref().map(|r| percentile(r, 0.9)),
-                cpu_vs_bwrap: bwrap_samples.map(|b| cpu / cpu_of(b)),
+                cpu_vs_bwrap: bwrap_samples.map(|b| cpu_in_all / cpu_of(b)),
+                daemon_cpu_ms_per_run,
             }
         })
         .collect();
-    Ok(OneshotBench { rounds, contenders })
+    Ok(OneshotBench {
+        rounds,
+        contenders,
+        daemon_not_measured,
+    })
 }
 
 /// Prints the section as a table.
@@ -246,5 +353,13 @@ pub fn print(bench: &OneshotBench) {
             format!("{}–{}", ratio(c.vs_bwrap_p10), ratio(c.vs_bwrap_p90)),
             ratio(c.cpu_vs_bwrap),
         );
+        if let Some(daemon) = c.daemon_cpu_ms_per_run {
+            println!(
+                "  the daemon's CPU per call, its workers' included: {daemon:.3} ms (in CPU ×)"
+            );
+        }
+    }
+    if let Some(why) = &bench.daemon_not_measured {
+        println!("  airlock run --socket not measured: {why}");
     }
 }

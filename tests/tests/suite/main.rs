@@ -11,6 +11,7 @@
 //! begin so, or when a file here is not one of its modules.
 
 mod abandon;
+mod bench;
 mod builtins;
 mod cancel;
 mod cleanup;
