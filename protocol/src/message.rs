@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::spec::SandboxSpec;
 
 /// Version of this protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 /// Messages sent by the (trusted) supervisor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,6 +201,11 @@ pub struct ToolExit {
     pub user_cpu_us: u64,
     /// System CPU time, microseconds.
     pub system_cpu_us: u64,
+    /// Whether the tool had used up its CPU-time limit when it ended, by the kernel's own
+    /// count (the tick-sampled time that RLIMIT_CPU is checked against, which can run far
+    /// ahead of the precise time above when other tasks share the CPU); `None` when that
+    /// count could not be read.
+    pub cpu_limit_reached: Option<bool>,
     /// The worker ended the tool because the supervisor said `Stop`.
     pub stopped: bool,
 }

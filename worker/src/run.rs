@@ -418,6 +418,14 @@ fn run_tool_inner(
     let mut stderr = Capture::default();
     let mut status: Option<ExitStatus> = None;
     let mut exited_at: Option<Instant> = None;
+    // The CPU-time limit the tool inherited; with none, there is none to reach and no need
+    // to look at the tool's time when it ends.
+    let cpu_limit = sys::cpu_soft_limit_s();
+    let mut cpu_limit_reached = match cpu_limit {
+        Ok(None) => Some(false),
+        Ok(Some(_)) | Err(_) => None,
+    };
+    let cpu_limit_s = cpu_limit.ok().flatten();
 
     if let Some([stdin, stdout_pipe, stderr_pipe]) = pipes {
         // Close the child's ends here, or the pipes never reach EOF.
@@ -441,7 +449,13 @@ fn run_tool_inner(
         let mut stderr_open = true;
         loop {
             drain_signals();
-            reap(pid, &mut status, &mut exited_at);
+            reap(
+                pid,
+                &mut status,
+                &mut exited_at,
+                cpu_limit_s,
+                &mut cpu_limit_reached,
+            );
             let done_reading = !stdout_open && !stderr_open;
             let grace_over = exited_at.is_some_and(|t| t.elapsed() >= DRAIN_GRACE);
             if status.is_some() && (done_reading || grace_over) {
@@ -505,7 +519,13 @@ fn run_tool_inner(
     } else {
         while status.is_none() {
             drain_signals();
-            reap(pid, &mut status, &mut exited_at);
+            reap(
+                pid,
+                &mut status,
+                &mut exited_at,
+                cpu_limit_s,
+                &mut cpu_limit_reached,
+            );
             if status.is_none() {
                 let mut fds: Vec<libc::pollfd> = tool_pidfd
                     .iter()
@@ -543,6 +563,7 @@ fn run_tool_inner(
         stderr_truncated: stderr.truncated,
         user_cpu_us,
         system_cpu_us,
+        cpu_limit_reached,
         stopped: control.stopped,
     })
 }
@@ -613,12 +634,28 @@ fn run_builtin_here(
         stderr_truncated: stderr.truncated,
         user_cpu_us: 0,
         system_cpu_us: 0,
+        cpu_limit_reached: None,
         stopped: false,
     }
 }
 
-/// Reaps every child that changed state; records the tool's own status.
-fn reap(tool: libc::pid_t, status: &mut Option<ExitStatus>, exited_at: &mut Option<Instant>) {
+/// Reaps every child that changed state; records the tool's own status and, with a CPU
+/// limit of `cpu_limit_s` seconds, whether the tool had used it up (read while it is dead
+/// but not yet reaped).
+fn reap(
+    tool: libc::pid_t,
+    status: &mut Option<ExitStatus>,
+    exited_at: &mut Option<Instant>,
+    cpu_limit_s: Option<u64>,
+    cpu_limit_reached: &mut Option<bool>,
+) {
+    if let Some(limit) = cpu_limit_s
+        && status.is_none()
+        && sys::child_has_ended(tool)
+    {
+        let limit_us = limit.saturating_mul(1_000_000);
+        *cpu_limit_reached = sys::rlimit_cpu_clock_us(tool).map(|used| used >= limit_us);
+    }
     while let Ok(Some((pid, raw))) = sys::reap_any_child() {
         if pid == tool {
             let decoded = if libc::WIFEXITED(raw) {

@@ -199,11 +199,12 @@ prop_compose! {
         stderr_truncated in any::<bool>(),
         user_cpu_us in any::<u64>(),
         system_cpu_us in any::<u64>(),
+        cpu_limit_reached in proptest::option::of(any::<bool>()),
         stopped in any::<bool>(),
     ) -> ToolExit {
         ToolExit {
             status, stdout, stderr, stdout_truncated, stderr_truncated, user_cpu_us, system_cpu_us,
-            stopped,
+            cpu_limit_reached, stopped,
         }
     }
 }
@@ -352,6 +353,7 @@ pub fn sample_worker_messages() -> Vec<WorkerMessage> {
             stderr_truncated: false,
             user_cpu_us: 1200,
             system_cpu_us: 800,
+            cpu_limit_reached: Some(false),
             stopped: false,
         }),
         WorkerMessage::Exited(ToolExit {
@@ -362,6 +364,7 @@ pub fn sample_worker_messages() -> Vec<WorkerMessage> {
             stderr_truncated: true,
             user_cpu_us: 5,
             system_cpu_us: 7,
+            cpu_limit_reached: None,
             stopped: true,
         }),
         WorkerMessage::RunFailed {

@@ -111,6 +111,7 @@ fn main() {
                 stderr_truncated: false,
                 user_cpu_us: 0,
                 system_cpu_us: 0,
+                cpu_limit_reached: None,
                 stopped: false,
             };
             write_frame(&mut stream, &WorkerMessage::Exited(exit)).unwrap();
@@ -169,6 +170,7 @@ fn main() {
                 stderr_truncated: false,
                 user_cpu_us: 0,
                 system_cpu_us: 0,
+                cpu_limit_reached: None,
                 stopped: false,
             };
             let _ = write_frame(&mut stream, &WorkerMessage::Exited(exit));

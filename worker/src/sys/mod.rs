@@ -439,6 +439,56 @@ pub fn kill_every_other_process() -> io::Result<()> {
     check_int(unsafe { libc::kill(-1, libc::SIGKILL) }).map(drop)
 }
 
+/// Whether `pid`, a child of this process, has ended; it is left unreaped (a zombie), so
+/// that what the kernel still keeps of it can be read.
+pub fn child_has_ended(pid: libc::pid_t) -> bool {
+    let Ok(id) = libc::id_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: siginfo_t is plain old data, for which all zeroes is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+    // SAFETY: `info` is a valid out-pointer; WNOWAIT leaves the child as it is.
+    let ret = unsafe { libc::waitid(libc::P_PID, id, &mut info, flags) };
+    // SAFETY: after a successful waitid, si_pid is the child's pid, or 0 when it has not
+    // changed state.
+    ret == 0 && unsafe { info.si_pid() } == pid
+}
+
+/// The CPU time the kernel checks `pid`'s RLIMIT_CPU against, in µs: its process clock of
+/// kind PROF, user plus system time as sampled at the scheduler's ticks. Readable while
+/// the process is unreaped.
+pub fn rlimit_cpu_clock_us(pid: libc::pid_t) -> Option<u64> {
+    // The kernel's id for a process's CPU clock: the pid's complement shifted past the
+    // three low bits, which say the kind (PROF is 0) and, unset, a whole process.
+    let clock = (!libc::clockid_t::from(pid)) << 3;
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `time` is a valid out-pointer for the duration of the call.
+    let ret = unsafe { libc::clock_gettime(clock, &mut time) };
+    let seconds = u64::try_from(time.tv_sec).ok()?;
+    let nanos = u64::try_from(time.tv_nsec).ok()?;
+    (ret == 0).then(|| {
+        seconds
+            .saturating_mul(1_000_000)
+            .saturating_add(nanos / 1_000)
+    })
+}
+
+/// This process's soft CPU-time limit in seconds (what the tool it forks inherits), `None`
+/// when unlimited.
+pub fn cpu_soft_limit_s() -> io::Result<Option<u64>> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid out-pointer for the duration of the call.
+    check_int(unsafe { libc::getrlimit(libc::RLIMIT_CPU, &mut limit) })?;
+    Ok((limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur))
+}
+
 /// CPU time used by reaped children: (user µs, system µs).
 pub fn children_cpu_time_us() -> (u64, u64) {
     // SAFETY: rusage is plain old data and getrusage fills it.
