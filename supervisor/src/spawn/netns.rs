@@ -28,6 +28,10 @@ pub(crate) struct NamespaceShelf {
     /// Set once making a namespace was refused (an unprivileged supervisor): every worker
     /// then gets a fresh one from clone.
     unavailable: AtomicBool,
+    /// Set for a one-shot supervisor: the first spawner thread to start makes one idle
+    /// namespace at once, while its caller still loads the policy, so that the call does
+    /// not wait for it.
+    make_one_ahead: AtomicBool,
     counts: ShelfCounts,
 }
 
@@ -85,6 +89,37 @@ impl LentNamespace {
 }
 
 impl NamespaceShelf {
+    /// A shelf whose first spawner thread makes one idle namespace as it starts.
+    pub(crate) fn making_one_ahead() -> Self {
+        Self {
+            make_one_ahead: AtomicBool::new(true),
+            ..Self::default()
+        }
+    }
+
+    /// Whether a namespace is to be made ahead now; true once at most.
+    pub(crate) fn take_one_ahead(&self) -> bool {
+        self.make_one_ahead.swap(false, Ordering::Relaxed)
+    }
+
+    /// Shelves a namespace the calling thread has just made and not used: nothing was ever
+    /// in it. (It is still checked for unix sockets when it is taken.)
+    pub(crate) fn put_fresh(&self, namespace: OwnedFd) {
+        self.counts.made.fetch_add(1, Ordering::Relaxed);
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(namespace);
+    }
+
+    /// Remembers that making a namespace was refused: workers get theirs from clone.
+    pub(crate) fn note_unavailable(&self, error: &std::io::Error) {
+        if matches!(error.raw_os_error(), Some(libc::EPERM | libc::EINVAL)) {
+            tracing::debug!(%error, "no recycled network namespaces: each worker makes its own");
+            self.unavailable.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Moves the calling spawner thread into an empty network namespace for its next worker
     /// alone: a clean idle one, else a new one. `None` when neither worked; the thread may
     /// then be in any namespace, so the worker must get a fresh one from clone. `moved` is
@@ -131,10 +166,7 @@ impl NamespaceShelf {
                 Some(self.lend(namespace))
             }
             Err(error) => {
-                if matches!(error.raw_os_error(), Some(libc::EPERM | libc::EINVAL)) {
-                    tracing::debug!(%error, "no recycled network namespaces: each worker makes its own");
-                    self.unavailable.store(true, Ordering::Relaxed);
-                }
+                self.note_unavailable(&error);
                 None
             }
         }

@@ -150,6 +150,7 @@ impl SpawnerThread {
                     away: false,
                     shelf,
                 };
+                network.make_one_ahead(&proc_dir);
                 let mut children = ChildrenInFlight::default();
                 loop {
                     // While children are between clone and exec, wake up now and then to
@@ -252,7 +253,11 @@ impl Spawner {
     ) -> Result<Self, SpawnError> {
         let image = std::sync::Arc::new(image);
         let extra_args = std::sync::Arc::new(extra_args);
-        let shelf = std::sync::Arc::new(NamespaceShelf::default());
+        let shelf = std::sync::Arc::new(if one_shot {
+            NamespaceShelf::making_one_ahead()
+        } else {
+            NamespaceShelf::default()
+        });
         let own = SpawnerThread::start(
             "airlock-spawner",
             std::sync::Arc::clone(&image),
@@ -440,6 +445,28 @@ impl ThreadNetwork {
                 self.go_home()?;
                 Ok((false, None))
             }
+        }
+    }
+
+    /// Makes an idle namespace for the shelf now if it asks for one ahead (a one-shot
+    /// supervisor: its worker then finds it ready), and comes back home.
+    fn make_one_ahead(&mut self, proc_dir: &OwnedFd) {
+        if self.home.is_none() || !self.shelf.take_one_ahead() {
+            return;
+        }
+        match sys::unshare_network_namespace() {
+            Ok(()) => {
+                self.away = true;
+                if let Ok(namespace) = sys::open_thread_network_namespace(proc_dir) {
+                    self.shelf.put_fresh(namespace);
+                }
+            }
+            Err(error) => self.shelf.note_unavailable(&error),
+        }
+        // A failure leaves `away` set: the next worker that needs home fails to spawn
+        // rather than being cloned from a namespace it was not meant for.
+        if let Err(error) = self.go_home() {
+            tracing::debug!(%error, "a spawner thread could not come back to its namespace");
         }
     }
 

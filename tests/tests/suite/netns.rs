@@ -87,3 +87,65 @@ async fn a_recycled_network_namespace_shows_nothing_of_the_calls_before() {
     assert_ne!(first_netns, host_netns.display().to_string());
     supervisor.close().await;
 }
+
+/// A one-shot supervisor (`airlock exec`, `run`) makes its worker's network namespace as it
+/// starts, while its caller still loads the policy: the call then takes that one from the
+/// shelf instead of making one, and finds it as empty as a fresh one. Unprivileged, none
+/// is made ahead and the worker gets its own from clone, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_shot_supervisor_makes_its_workers_namespace_ahead() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    use airlock::{CallOptions, Gate, Supervisor, SupervisorOptions, ToolCall};
+
+    let scratch = Scratch::new("net-ahead");
+    let probe = scratch.stage("airlock-probe");
+    let text = format!(
+        "version = 1\n[profiles.default]\nread = [\"/usr\", {:?}]\nread_optional = [\"/bin\", \"/lib\", \"/lib64\", \"/etc/ld.so.cache\"]\nnetwork = \"none\"\nlimits = {{ timeout = {} }}\n\n[tools.bind]\ndescription = \"probe\"\ncommand = [{:?}, \"abstract-bind\", \"{{name}}\"]\nside_effect = \"read\"\ninput = {{ type = \"object\", properties = {{ name = {{ type = \"string\" }} }}, required = [\"name\"] }}\n",
+        probe.parent().unwrap().display().to_string(),
+        airlock_tests::hang_guard_toml(),
+        probe.display().to_string(),
+    );
+    let policy = airlock_policy::load_policy_str(&text, "ahead.toml")
+        .unwrap()
+        .policy;
+    let supervisor = std::sync::Arc::new(
+        Supervisor::start(SupervisorOptions {
+            worker_program: Some((airlock_tests::airlock_bin(), Vec::new())),
+            one_shot: true,
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        wait_until_async("a namespace is made ahead", || {
+            supervisor.network_namespace_counts().made == 1
+        })
+        .await;
+    }
+    let gate = Gate::new(std::sync::Arc::clone(&supervisor), policy);
+    let call = ToolCall {
+        call_id: "ahead".into(),
+        tool: "bind".into(),
+        arguments: serde_json::json!({ "name": format!("airlock-ahead-{}", std::process::id()) })
+            .to_string(),
+    };
+    let result = gate.call(&call, &CallOptions::default()).await;
+    assert!(result.ok, "{result:?}");
+    let stdout = result.stdout.trim().to_string();
+    let (found, netns) = stdout.rsplit_once(' ').unwrap();
+    assert_eq!(found, "sockets=0 bind=ok", "{stdout}");
+    let host_netns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_ne!(netns, host_netns.display().to_string());
+    let counts = supervisor.network_namespace_counts();
+    if root {
+        assert_eq!((counts.made, counts.reused), (1, 1), "{counts:?}");
+    } else {
+        assert_eq!(counts.made, 0, "{counts:?}");
+    }
+    supervisor.close().await;
+}
