@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::memory::ask_daemon;
 
-/// How long the daemon may take to answer `health` ready, and a refill to finish.
-const READY_WITHIN: Duration = Duration::from_secs(30);
+/// How long the daemon may take to answer `health` ready, and a refill to finish: far
+/// more than either takes, so that only a daemon that is stuck runs out of it.
+const READY_WITHIN: Duration = Duration::from_secs(120);
 
 /// A running `airlock serve` for the shell client contender.
 pub(super) struct ShellDaemon {
@@ -40,7 +41,10 @@ impl ShellDaemon {
             match ask_daemon(&daemon.socket, r#"{"id": 1, "op": "health"}"#) {
                 Ok(answer) if answer["result"]["ready"] == true => return Ok(daemon),
                 _ if started.elapsed() > READY_WITHIN => {
-                    return Err("airlock serve was not ready within 30 s".into());
+                    return Err(format!(
+                        "airlock serve was not ready within {} s",
+                        READY_WITHIN.as_secs()
+                    ));
                 }
                 _ => std::thread::sleep(Duration::from_millis(10)),
             }
