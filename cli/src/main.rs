@@ -13,8 +13,8 @@ use airlock::{
     CallOptions, ErrorKind, Gate, SandboxRun, Supervisor, SupervisorOptions, ToolCall, ToolResult,
 };
 use airlock_policy::{
-    CompiledPolicy, CompiledProfile, Diagnostic, LoadedPolicy, PolicyError, Severity,
-    load_policy_file, load_policy_str, presets, units,
+    CompiledPolicy, Diagnostic, LoadedPolicy, PolicyError, Severity, load_policy_file,
+    load_policy_str, presets, units,
 };
 
 use args::{Command, LogFormat};
@@ -478,20 +478,6 @@ fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
     })
 }
 
-/// The profiles some tool of `policy` uses and that can be pooled: the ones `serve --pool`
-/// keeps warm.
-fn profiles_in_use(policy: &CompiledPolicy) -> Vec<Arc<CompiledProfile>> {
-    let used: std::collections::BTreeSet<&String> =
-        policy.tools.values().map(|t| &t.tool.profile).collect();
-    // A profile with a workspace is pooled per session (each session's own workers, with
-    // its workspace mounted): a pool of the bare profile would never be taken from.
-    used.into_iter()
-        .filter_map(|name| policy.profiles.get(name))
-        .filter(|p| p.workspace.is_none())
-        .cloned()
-        .collect()
-}
-
 fn run_serve(mut flags: ServeFlags) -> anyhow::Result<ExitCode> {
     let loaded = load_policy(Some(&flags.policy), None, presets::DEFAULT_PRESET)?;
     for warning in &loaded.warnings {
@@ -508,18 +494,12 @@ fn run_serve(mut flags: ServeFlags) -> anyhow::Result<ExitCode> {
         if let Some(size) = flags.pool {
             // Warm every profile some tool uses; each call still gets a fresh worker.
             supervisor
-                .warm_exactly(&profiles_in_use(&loaded.policy), size)
+                .warm_exactly(&airlock::pool::profiles_to_pool(&loaded.policy), size)
                 .await;
         }
-        // Every pooled profile's idle workers and its root template's holder, and the
-        // sessions' workers (at most --pool-max), hold descriptors beside the calls.
-        flags.config.idle_workers = flags.pool.map_or(0, |size| {
-            let per_profile = size.max_idle().saturating_add(1);
-            profiles_in_use(&loaded.policy)
-                .len()
-                .saturating_mul(per_profile)
-                .saturating_add(size.max_idle())
-        });
+        // The daemon counts the pools' descriptors against its open-file limit, for
+        // this policy and each one reloaded.
+        flags.config.pool = flags.pool;
         let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy);
         if let Some(audit) = audit {
             gate = gate.with_audit(audit);

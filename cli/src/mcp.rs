@@ -81,7 +81,7 @@ pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
         })?);
         if let Some(size) = pool {
             supervisor
-                .warm_exactly(&crate::profiles_in_use(&loaded.policy), size)
+                .warm_exactly(&airlock::pool::profiles_to_pool(&loaded.policy), size)
                 .await;
         }
         let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy);

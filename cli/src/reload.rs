@@ -21,7 +21,7 @@ pub(crate) async fn reload_policy(
 ) -> bool {
     match airlock_policy::load_policy_file(path) {
         Ok(loaded) => {
-            let in_use = crate::profiles_in_use(&loaded.policy);
+            let in_use = airlock::pool::profiles_to_pool(&loaded.policy);
             gate.reload(loaded.policy);
             tracing::info!(policy = %path.display(), "policy reloaded; pending approvals invalidated");
             if let Some(size) = pool {

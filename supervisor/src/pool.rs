@@ -14,6 +14,21 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::{Notify, oneshot};
 
+/// The profiles a daemon keeps pools of for `policy`: every profile some tool uses, but
+/// those with a workspace, which are pooled per session (each session's own workers, with
+/// its workspace mounted: a pool of the bare profile would never be taken from).
+pub fn profiles_to_pool(
+    policy: &airlock_policy::compile::CompiledPolicy,
+) -> Vec<Arc<airlock_policy::compile::CompiledProfile>> {
+    let used: std::collections::BTreeSet<&String> =
+        policy.tools.values().map(|t| &t.tool.profile).collect();
+    used.into_iter()
+        .filter_map(|name| policy.profiles.get(name))
+        .filter(|p| p.workspace.is_none())
+        .cloned()
+        .collect()
+}
+
 /// Pool counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct PoolStats {

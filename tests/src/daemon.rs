@@ -76,8 +76,19 @@ impl Daemon {
     /// Serves [`DAEMON_POLICY`] with `extra` flags, started with the open-file limits
     /// `soft` and `hard` (as a shell's `ulimit -Sn`/`-Hn` or a unit's `LimitNOFILE=`).
     pub fn start_with_open_files(extra: &[&str], soft: u64, hard: u64) -> Self {
+        Self::start_with_policy_and_open_files(DAEMON_POLICY, extra, soft, hard)
+    }
+
+    /// Serves `policy_text` with `extra` flags, started with the open-file limits `soft`
+    /// and `hard`.
+    pub fn start_with_policy_and_open_files(
+        policy_text: &str,
+        extra: &[&str],
+        soft: u64,
+        hard: u64,
+    ) -> Self {
         let scratch = Scratch::new("daemon");
-        let policy = scratch.write("policy.toml", DAEMON_POLICY);
+        let policy = scratch.write("policy.toml", policy_text);
         Self::start_command(scratch, policy, extra, |command| {
             crate::with_open_file_limit(command, soft, hard);
         })
@@ -326,4 +337,15 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// One JSON-lines request to the daemon on `socket`, and its answer.
+pub fn ask(socket: &Path, request: serde_json::Value) -> serde_json::Value {
+    use std::io::Write;
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    stream.set_read_timeout(Some(crate::HANG_GUARD)).unwrap();
+    stream.write_all(format!("{request}\n").as_bytes()).unwrap();
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
 }

@@ -254,6 +254,7 @@ async fn set_state(shared: &Shared, request: super::wire::SetStateRequest) -> Va
 fn stats(shared: &Shared) -> Value {
     let s = &shared.stats;
     let config = &shared.config;
+    shared.room.refresh(config, &shared.gate.policy());
     let connections_open = super::connections_open(shared);
     let output_taken =
         super::output_budget(config).saturating_sub(shared.output.available_permits());
@@ -277,10 +278,10 @@ fn stats(shared: &Shared) -> Value {
         "pending_approvals": shared.gate.pending_approvals(),
         "pool": shared.gate.supervisor().pool_stats(),
         "warm_pools": shared.gate.supervisor().warm_pools(),
-        "max_concurrent": config.max_concurrent,
+        "max_concurrent": shared.room.calls_at_once(config),
         "max_queued": config.max_queued,
         "max_open_files": super::descriptors::limit_now(),
-        "open_files_needed": shared.open_files_needed,
+        "open_files_needed": shared.room.needed(config),
         "sessions_open": shared.gate.sessions().map_or(0, |s| s.count()),
     }})
 }
@@ -425,7 +426,7 @@ where
             "{} calls running and {waiting} queued; try again later",
             shared.config.max_concurrent
         );
-        let retry = retry_after_ms(waiting, shared.config.max_concurrent);
+        let retry = retry_after_ms(waiting, shared.room.calls_at_once(&shared.config));
         answers
             .send(reply(overloaded(message, Some(retry))), None)
             .await;
@@ -448,15 +449,30 @@ where
         };
         let (body, slot) = match permit {
             None => {
-                let error = ToolError::new(ErrorKind::Cancelled, "cancelled while queued");
-                let call = &admission.call;
-                let result = ToolResult::rejected(&call.call_id, &call.tool, error);
+                let result = cancelled_while_queued(&admission.call);
                 counted(&shared, &result);
                 (json!({"result": result}), None)
             }
             Some(permit) => {
+                // Then the descriptors the call may hold: under a tight open-file limit it
+                // waits for them, holding its slot, rather than fail for want of one.
+                let policy = shared.gate.policy();
+                shared.room.refresh(&shared.config, &policy);
+                let cost = shared.room.cost(&policy, &admission.call.tool);
+                drop(policy);
+                let share = tokio::select! {
+                    share = shared.room.take(cost) => share.ok(),
+                    () = signal.cancelled() => None,
+                };
                 shared.metrics.observe_queue(queued_at.elapsed());
-                let result = run_admitted(&shared, &signal, arguments, run, opts).await;
+                let result = match share {
+                    Some(share) => {
+                        let result = run_admitted(&shared, &signal, arguments, run, opts).await;
+                        drop(share);
+                        result
+                    }
+                    None => cancelled_while_queued(&admission.call),
+                };
                 counted(&shared, &result);
                 (json!({"result": result}), Some(permit))
             }
@@ -464,6 +480,12 @@ where
         forget(&in_flight, &admission.key).await;
         answers.send(reply(body), slot).await;
     });
+}
+
+/// The record of a call cancelled before it ran.
+fn cancelled_while_queued(call: &ToolCall) -> ToolResult {
+    let error = ToolError::new(ErrorKind::Cancelled, "cancelled while queued");
+    ToolResult::rejected(&call.call_id, &call.tool, error)
 }
 
 /// The request `key` is no longer in flight on its connection.

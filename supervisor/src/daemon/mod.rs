@@ -104,9 +104,9 @@ pub struct DaemonConfig {
     pub approver_gids: Vec<u32>,
     /// Calls running at once.
     pub max_concurrent: usize,
-    /// Pooled workers the daemon may keep waiting, over every pool and session (0 without
-    /// a pool): each holds a few descriptors, counted against the open-file limit only.
-    pub idle_workers: usize,
+    /// The size of each pool the daemon keeps for its policy's profiles (none without
+    /// `--pool`): the idle workers hold descriptors, counted against the open-file limit.
+    pub pool: Option<crate::pool::PoolSize>,
     /// Calls waiting for a slot before new ones get `overloaded`.
     pub max_queued: usize,
     /// How long in-flight calls may finish after SIGTERM.
@@ -137,7 +137,7 @@ impl DaemonConfig {
             approver_uids: Vec::new(),
             approver_gids: Vec::new(),
             max_concurrent: 8,
-            idle_workers: 0,
+            pool: None,
             max_queued: 64,
             grace: Duration::from_secs(10),
             max_connections: 128,
@@ -199,8 +199,8 @@ struct Shared {
     /// Latched once the pools first held their target of idle workers: readiness then
     /// stays, so a burst that empties the pools does not take the daemon out of service.
     warmed: AtomicBool,
-    /// Descriptors the configured limits can use (`stats`).
-    open_files_needed: u64,
+    /// The descriptors calls may take, shared out by what each may hold.
+    room: Arc<descriptors::Room>,
 }
 
 /// Client connections open now.
@@ -244,32 +244,15 @@ pub async fn serve(
         None => None,
     };
     // Before the socket appears: a client that finds it finds the limit raised, too.
-    let open_files = descriptors::provide(&config);
-    let calls_at_once = open_files.calls_at_once(&config);
-    if open_files.suffices() {
-        tracing::debug!(
-            limit = open_files.limit,
-            held = open_files.held,
-            needed = open_files.needed,
-            "open-file limit"
-        );
-    } else {
-        tracing::warn!(
-            limit = open_files.limit,
-            held = open_files.held,
-            needed = open_files.needed,
-            max_concurrent = config.max_concurrent,
-            calls_at_once,
-            "the open-file limit is below what the daemon can hold with its flags \
-             (--max-concurrent, --max-connections, --pool): fewer calls run at once, the rest wait in the queue; raise the hard limit \
-             (LimitNOFILE=, ulimit -Hn)"
-        );
-    }
-    // What the daemon enforces is what it reports (`stats`) and paces retries by.
-    let config = DaemonConfig {
-        max_concurrent: calls_at_once,
-        ..config
-    };
+    let open_files = descriptors::provide();
+    let (room, withholding) = descriptors::Room::new(
+        &config,
+        open_files,
+        gate.policy(),
+        gate.supervisor().egress_limits(),
+    );
+    room.warn_if_short(&config, room.refresh(&config, &gate.policy()));
+    let withholding = tokio::spawn(withholding);
     let path = config.socket.clone();
     let display = path.display().to_string();
     // Bind under a temporary name, set 0600, then rename into place: the socket never
@@ -315,7 +298,7 @@ pub async fn serve(
         calls: CancelSignal::new(),
         metrics: metrics::Metrics::new(),
         warmed: AtomicBool::new(false),
-        open_files_needed: open_files.needed,
+        room,
     });
     // A supervisor the embedding program already observes keeps its observer.
     shared
@@ -388,6 +371,7 @@ pub async fn serve(
         task.abort();
     }
     trimmer.abort();
+    withholding.abort();
     if let Some(sessions) = shared.gate.sessions() {
         sessions.close_all();
     }

@@ -337,6 +337,11 @@ impl Supervisor {
         self.spawn_observer.0.set(observer).is_ok()
     }
 
+    /// The limits each call's egress proxy works within.
+    pub fn egress_limits(&self) -> EgressLimits {
+        self.egress_limits
+    }
+
     /// The host uid and gid the sandbox's root maps to (what owns a session's files).
     pub fn sandbox_ids(&self) -> (u32, u32) {
         self.sandbox_ids

@@ -3,14 +3,14 @@
 //! requests, reloads, refused peers, overload and a clean SIGTERM.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 
-use airlock_tests::{HANG_GUARD, airlock_bin, host_processes_with, sandbox_available, wait_until};
+use airlock_tests::{airlock_bin, host_processes_with, sandbox_available, wait_until};
 
-use airlock_tests::daemon::{DAEMON_POLICY as POLICY, Daemon};
+use airlock_tests::daemon::{DAEMON_POLICY as POLICY, Daemon, ask};
 
 /// The gateway client, compiled in and run as `python3 -` from stdin: a client running as
 /// another uid cannot be assumed to read the checkout (a clone below a 0700 directory).
@@ -152,16 +152,6 @@ fn sighup_reloads_a_valid_policy_and_keeps_the_old_one_when_invalid() {
         python(&daemon.socket, "tools", &[]).trim(),
         "echo extra guarded sleep"
     );
-}
-
-/// One JSON-lines request to the daemon on `socket`, and its answer.
-fn ask(socket: &Path, request: serde_json::Value) -> serde_json::Value {
-    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    stream.set_read_timeout(Some(HANG_GUARD)).unwrap();
-    stream.write_all(format!("{request}\n").as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line).unwrap();
-    serde_json::from_str(&line).unwrap()
 }
 
 /// The daemon's children that are idle pooled workers (argv[0] `airlock-worker`).

@@ -17,6 +17,7 @@ mod cancel;
 mod cleanup;
 mod cli;
 mod daemon;
+mod daemon_descriptors;
 mod daemon_hostile;
 mod denials;
 mod egress;

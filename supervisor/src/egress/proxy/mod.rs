@@ -65,6 +65,20 @@ impl Default for EgressLimits {
     }
 }
 
+impl EgressLimits {
+    /// Descriptors one call's proxy may hold at once: its listener, both ends of every
+    /// connection it relays, the connections it is refusing, and a few for name resolution
+    /// and a connection attempt in progress. A daemon counts this against its open-file
+    /// limit for every call that may go out.
+    pub fn descriptors_at_most(&self) -> u64 {
+        const LISTENER_AND_RESOLVING: u64 = 8;
+        u64::from(self.max_concurrent)
+            .saturating_mul(2)
+            .saturating_add(u64::from(MAX_REFUSING))
+            .saturating_add(LISTENER_AND_RESOLVING)
+    }
+}
+
 /// Connections being answered with a refusal at once, beyond `max_concurrent`; past this
 /// a connection is closed without an answer, so a flood cannot pile up tasks.
 const MAX_REFUSING: u32 = 16;
