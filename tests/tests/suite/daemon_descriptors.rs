@@ -2,6 +2,8 @@
 //! from the descriptors every other call needs. Calls may wait for descriptors; none may
 //! fail for want of one.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::Path;
