@@ -562,6 +562,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    // The long-lived commands keep musl's allocator, which returns memory after a burst.
+    if !matches!(
+        cli.command,
+        Command::Serve { .. } | Command::Mcp(_) | Command::Bench(_)
+    ) {
+        sys::heap::switch_for_short_lived_command();
+    }
     init_logs(cli.log_format);
     let result = match cli.command {
         Command::Check { files, json } => run_check(&files, json),

@@ -356,7 +356,9 @@ pub fn oneshot_timerfd(after: std::time::Duration) -> io::Result<OwnedFd> {
             tv_nsec: 0,
         },
         it_value: libc::timespec {
-            tv_sec: libc::time_t::try_from(after.as_secs()).unwrap_or(libc::time_t::MAX),
+            // Not named `time_t`: libc deprecates that alias on musl. A deadline past
+            // 2^63 s is clamped, which fires never in practice.
+            tv_sec: after.as_secs().try_into().unwrap_or(i64::MAX),
             tv_nsec: libc::c_long::from(after.subsec_nanos()),
         },
     };
