@@ -15,6 +15,17 @@ fn bench_json_reports_latency_throughput_kill_and_memory_figures() {
             "0.2",
             "--pool-workers",
             "2",
+            // The defaults (60 one-shot rounds; bursts of 64 and 1,024 calls sleeping 2 s,
+            // then 10 s of settling) took 40 s of CI's time; the figures' presence is what
+            // this checks.
+            "--oneshot-rounds",
+            "3",
+            "--burst",
+            "4,8",
+            "--burst-sleep-seconds",
+            "0.2",
+            "--burst-settle-seconds",
+            "0.2",
         ])
         .output()
         .unwrap();
@@ -79,6 +90,26 @@ fn bench_json_reports_latency_throughput_kill_and_memory_figures() {
         assert!(refill >= 0.0 && refill.is_finite(), "{pool:?}");
     }
     assert!(report["deadline_to_reaped_ms"]["samples"].as_u64().unwrap() > 0);
+    let bursts = report["burst"]["bursts"].as_array().unwrap();
+    assert_eq!(
+        bursts
+            .iter()
+            .map(|b| b["calls"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [4, 8]
+    );
+    for burst in bursts {
+        assert_eq!(burst["airlock_failed"], 0, "{burst}");
+    }
+    let oneshot = report["oneshot"]["contenders"].as_array().unwrap();
+    for expected in ["airlock exec", "airlock run"] {
+        let found = oneshot
+            .iter()
+            .find(|c| c["name"].as_str().unwrap().starts_with(expected))
+            .unwrap_or_else(|| panic!("no one-shot {expected}: {oneshot:?}"));
+        assert_eq!(found["samples"], 3, "{found}");
+        assert!(found["median_ms"].as_f64().unwrap() > 0.0, "{found}");
+    }
     assert!(report["supervisor_rss_idle_kib"].as_u64().unwrap() > 0);
     // The pooled workers were found and measured (a worker maps at least libc and itself).
     assert!(report["worker_rss_per_idle_pooled_kib"].as_u64().unwrap() > 500);
