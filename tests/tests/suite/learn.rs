@@ -493,11 +493,13 @@ fn learning_against_an_allowlist_keeps_it_and_adds_the_new_destination_with_evid
     assert_eq!(std::fs::read_to_string(&policy).unwrap(), text);
 }
 
-/// Asks the proxy (`HTTP_PROXY`) for 10,000 distinct destinations, one connection each:
-/// `CONNECT 127.0.N.M:9`, which nothing answers; every reply is read and ignored.
+/// Asks the proxy (`HTTP_PROXY`) for 2,000 distinct destinations, one connection each:
+/// `CONNECT 127.0.N.M:9`, which nothing answers; every reply is read and ignored. Eight
+/// times the learner's bound shows the cut as well as more would, and stays quick under
+/// the kernel matrix's emulation.
 const MANY: &str = "import os, socket
 proxy = os.environ['HTTP_PROXY'].rsplit('/', 1)[-1].rsplit(':', 1)
-for i in range(10000):
+for i in range(2000):
     s = socket.create_connection((proxy[0], int(proxy[1])))
     target = '127.%d.%d.%d:9' % (i // 65536 + 1, i // 256 % 256, i % 256)
     s.sendall(('CONNECT %s HTTP/1.1\\r\\nHost: %s\\r\\n\\r\\n' % (target, target)).encode())
@@ -507,7 +509,7 @@ print('asked')
 ";
 
 #[test]
-fn a_command_asking_for_ten_thousand_destinations_is_recorded_within_a_bound_and_told_so() {
+fn a_command_asking_for_two_thousand_destinations_is_recorded_within_a_bound_and_told_so() {
     let _guard = airlock_tests::shared();
     if !sandbox_available() || !installed("python3") {
         return;
