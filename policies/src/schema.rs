@@ -133,10 +133,10 @@ pub fn dialect(schema: &Value) -> Result<Dialect, SchemaError> {
     }
 }
 
-/// Builds, once per process, what checking a schema of the default dialect needs first:
-/// the validator of its meta-schema, most of the cost of loading a small policy. A caller
-/// with a spare thread runs this while it reads the policy, so that it is ready when the
-/// first schema is checked; loading works the same without it.
+/// Builds, once per process, what compiling the first schema needs besides the schema (the
+/// crate's shared tables; the meta-schemas' validators are generated at build time). A
+/// caller with a spare thread runs this while it reads the policy, so that it is ready when
+/// the first schema is checked; loading works the same without it.
 pub fn warm_up() {
     let _ = compile_schema(&serde_json::json!({ "type": "object" }));
 }
@@ -410,6 +410,25 @@ mod tests {
                 matches!(compile_schema(&schema), Err(SchemaError::Invalid(_))),
                 "{uri}"
             );
+        }
+    }
+
+    #[test]
+    fn schemas_the_meta_schema_refuses_do_not_compile_in_either_draft() {
+        for uri in ["http://json-schema.org/draft-07/schema#", DRAFT_2020_12] {
+            for body in [
+                json!({"minLength": -1}),
+                json!({"maxItems": 1.5}),
+                json!({"required": "name"}),
+                json!({"properties": {"a": 5}}),
+            ] {
+                let mut schema = body;
+                schema["$schema"] = json!(uri);
+                assert!(
+                    matches!(compile_schema(&schema), Err(SchemaError::Invalid(_))),
+                    "{schema}"
+                );
+            }
         }
     }
 
