@@ -55,9 +55,9 @@ pub struct BenchArgs {
     /// compare the glibc worker with the musl one in the same run). Repeatable.
     #[arg(long, value_name = "LABEL=PATH")]
     also: Vec<String>,
-    /// Burst sizes: that many concurrent sleeping calls through `airlock serve`, against as
-    /// many concurrent bwraps.
-    #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1024])]
+    /// Burst sizes, comma-separated: that many concurrent sleeping calls through `airlock
+    /// serve`, against as many concurrent bwraps.
+    #[arg(long, value_delimiter = ',', default_value = "64,1024")]
     burst: Vec<usize>,
     /// Leave the burst section out.
     #[arg(long)]
