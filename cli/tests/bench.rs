@@ -76,6 +76,32 @@ fn bench_json_reports_latency_throughput_kill_and_memory_figures() {
             );
         }
     }
+    // The tail at full load, airlock's and (with bwrap installed) bwrap's beside it, for
+    // one and two clients.
+    let tail_of = |field: &str| -> Vec<u64> {
+        report[field]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let (p50, p99) = (t["p50_ms"].as_f64().unwrap(), t["p99_ms"].as_f64().unwrap());
+                assert!(p50 > 0.0 && p50 <= p99, "{t}");
+                assert!(t["samples"].as_u64().unwrap() > 0, "{t}");
+                t["clients"].as_u64().unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(tail_of("latency_under_load"), [1, 2]);
+    let bwrap_tail = tail_of("bwrap_latency_under_load");
+    if report["bwrap_throughput_calls_per_s"]
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(bwrap_tail.is_empty());
+    } else {
+        assert_eq!(bwrap_tail, [1, 2]);
+    }
     // Each throughput run says how its calls were served. A slice ends with the pool as it
     // began, so it made one worker per call; a reused cgroup (v1, or v2 from Linux 6.12)
     // serves one of those workers at most, so never more than the calls.

@@ -162,8 +162,9 @@ pub struct ThroughputRatio {
     slices: u32,
 }
 
-/// The latency of the throughput runs' calls (pooled, unless the pool ran empty: see
-/// `pool_during_throughput`), with `clients` clients calling back to back.
+/// The latency of the throughput runs' calls, with `clients` clients calling back to back:
+/// airlock's (pooled, unless the pool ran empty: see `pool_during_throughput`) or bwrap's
+/// whole runs.
 #[derive(Debug, Clone, Serialize)]
 pub struct TailLatency {
     clients: usize,
@@ -171,6 +172,19 @@ pub struct TailLatency {
     p99_ms: f64,
     p99_over_p50: f64,
     samples: usize,
+}
+
+impl TailLatency {
+    fn of(clients: usize, latencies: Vec<f64>) -> Self {
+        let (_, p50, p99, samples) = summarize("", latencies);
+        Self {
+            clients,
+            p50_ms: p50,
+            p99_ms: p99,
+            p99_over_p50: p99 / p50,
+            samples,
+        }
+    }
 }
 
 /// Everything `bench` reports.
@@ -187,6 +201,9 @@ pub struct Report {
     pool_during_throughput: Vec<PoolUse>,
     /// The throughput runs' call latencies, at full load.
     latency_under_load: Vec<TailLatency>,
+    /// bwrap's run times in its throughput slices, at full load beside the same number of
+    /// clients: the tail of starting a sandbox per call on this machine.
+    bwrap_latency_under_load: Vec<TailLatency>,
     /// Idle pooled workers kept during the throughput runs.
     throughput_pool: usize,
     deadline_to_reaped_ms: Latency,
@@ -393,28 +410,36 @@ async fn settle(pooled: &Supervisor, pool: usize, others: &[Arc<Supervisor>]) {
     }
 }
 
-/// Like [`throughput`], for `bwrap` runs of /bin/true.
-fn bwrap_throughput(bwrap: &Path, clients: usize, seconds: f64) -> (u64, f64) {
+/// Like [`throughput`], for `bwrap` runs of /bin/true: calls, seconds, and each
+/// successful run's wall time, milliseconds.
+fn bwrap_throughput(bwrap: &Path, clients: usize, seconds: f64) -> (u64, f64, Vec<f64>) {
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(seconds);
     let threads: Vec<_> = (0..clients)
         .map(|_| {
             let bwrap = bwrap.to_path_buf();
             std::thread::spawn(move || {
-                let mut done = 0u64;
+                let mut latencies = Vec::new();
                 loop {
-                    if time_command(&mut bwrap_command(&bwrap)).is_some() {
-                        done += 1;
+                    if let Some(ms) = time_command(&mut bwrap_command(&bwrap)) {
+                        latencies.push(ms);
                     }
                     if Instant::now() >= until {
-                        break done;
+                        break latencies;
                     }
                 }
             })
         })
         .collect();
-    let total: u64 = threads.into_iter().map(|t| t.join().unwrap_or(0)).sum();
-    (total, started.elapsed().as_secs_f64())
+    let latencies: Vec<f64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap_or_default())
+        .collect();
+    (
+        latencies.len() as u64,
+        started.elapsed().as_secs_f64(),
+        latencies,
+    )
 }
 
 /// Runs the benchmark and prints the report.
@@ -637,6 +662,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
         let gate = Arc::new(Gate::new(Arc::clone(&pooled), policy.clone()));
         let mut ratios = Vec::new();
         let mut tail = Vec::new();
+        let mut bwrap_tail = Vec::new();
         let slices = args.throughput_slices;
         let slice_seconds = args.throughput_seconds / f64::from(slices);
         for clients in [1usize, 2] {
@@ -644,6 +670,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             let mut bwrap_totals = SliceTotals::default();
             let mut slice_ratios = Vec::new();
             let mut call_latencies = Vec::new();
+            let mut bwrap_latencies = Vec::new();
             for slice in 0..slices {
                 // ABBA: airlock first in even slices, bwrap first in odd ones. Each slice
                 // starts on a quiet supervisor (pool full, nothing being reaped), so neither
@@ -652,8 +679,9 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                 let mut bwrap_rate = None;
                 if let (Some(b), true) = (&bwrap, bwrap_first) {
                     settle(&pooled, args.throughput_pool, &[]).await;
-                    bwrap_rate =
-                        Some(bwrap_totals.add(bwrap_throughput(b, clients, slice_seconds)));
+                    let (calls, seconds, latencies) = bwrap_throughput(b, clients, slice_seconds);
+                    bwrap_latencies.extend(latencies);
+                    bwrap_rate = Some(bwrap_totals.add((calls, seconds)));
                 }
                 settle(&pooled, args.throughput_pool, &[]).await;
                 let before = pooled.pool_stats();
@@ -674,22 +702,19 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
                     after.cgroups_reused.saturating_sub(before.cgroups_reused);
                 if let (Some(b), false) = (&bwrap, bwrap_first) {
                     settle(&pooled, args.throughput_pool, &[]).await;
-                    bwrap_rate =
-                        Some(bwrap_totals.add(bwrap_throughput(b, clients, slice_seconds)));
+                    let (calls, seconds, latencies) = bwrap_throughput(b, clients, slice_seconds);
+                    bwrap_latencies.extend(latencies);
+                    bwrap_rate = Some(bwrap_totals.add((calls, seconds)));
                 }
                 if let Some(bwrap_rate) = bwrap_rate.filter(|r| *r > 0.0) {
                     slice_ratios.push(rate / bwrap_rate);
                 }
             }
             let rate = airlock.rate();
-            let (_, p50, p99, samples) = summarize("", call_latencies);
-            tail.push(TailLatency {
-                clients,
-                p50_ms: p50,
-                p99_ms: p99,
-                p99_over_p50: p99 / p50,
-                samples,
-            });
+            tail.push(TailLatency::of(clients, call_latencies));
+            if !bwrap_latencies.is_empty() {
+                bwrap_tail.push(TailLatency::of(clients, bwrap_latencies));
+            }
             airlock_tp.push((format!("{clients} client(s), warm pooled /bin/true"), rate));
             pool_during_tp.push(PoolUse {
                 clients,
@@ -798,6 +823,7 @@ pub fn run_bench(args: &BenchArgs) -> anyhow::Result<std::process::ExitCode> {
             throughput_vs_bwrap: ratios,
             pool_during_throughput: pool_during_tp,
             latency_under_load: tail,
+            bwrap_latency_under_load: bwrap_tail,
             throughput_pool: args.throughput_pool,
             deadline_to_reaped_ms: deadline,
             supervisor_rss_idle_kib: rss_idle,

@@ -49,6 +49,12 @@ pub(super) fn print_table(report: &Report) {
             t.clients, t.p50_ms, t.p99_ms, t.p99_over_p50, t.samples
         );
     }
+    for t in &report.bwrap_latency_under_load {
+        println!(
+            "  bwrap, {} client(s) at full load: run p50 {:.3} ms, p99 {:.3} ms (p99/p50 {:.2}, {} runs)",
+            t.clients, t.p50_ms, t.p99_ms, t.p99_over_p50, t.samples
+        );
+    }
     println!("\nmemory");
     if let Some(d) = &report.daemon_memory {
         println!(
