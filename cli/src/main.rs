@@ -10,7 +10,8 @@ use std::sync::Arc;
 use airlock::audit::AuditSink;
 use airlock::pool::PoolSize;
 use airlock::{
-    CallOptions, ErrorKind, Gate, SandboxRun, Supervisor, SupervisorOptions, ToolCall, ToolResult,
+    CallOptions, CgroupsFound, ErrorKind, Gate, PendingSupervisor, SandboxRun, Supervisor,
+    SupervisorOptions, ToolCall, ToolResult,
 };
 use airlock_policy::{
     CompiledPolicy, Diagnostic, LoadedPolicy, PolicyError, Severity, load_policy_file,
@@ -250,9 +251,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// A one-shot `exec` or `run`: its runtime, and its supervisor being started on another
-/// thread while this one loads the policy. Sealing the worker image and finding the cgroups
-/// take about as long as loading a policy and neither needs the other, so on two cores the
-/// call starts that much sooner; the work done is the same.
+/// thread while this one loads the policy and then finds the cgroups. Sealing the worker
+/// image and starting the spawner take longer than loading a policy, and none of these
+/// needs another, so on two cores the call starts that much sooner; the work done is the
+/// same.
 struct OneShot {
     /// Taken with the supervisor by [`OneShot::started`].
     runtime: Option<tokio::runtime::Runtime>,
@@ -261,7 +263,8 @@ struct OneShot {
     starting: Option<Starting>,
 }
 
-type Starting = std::thread::JoinHandle<Result<Supervisor, airlock::sandbox::SupervisorError>>;
+type Starting =
+    std::thread::JoinHandle<Result<PendingSupervisor, airlock::sandbox::SupervisorError>>;
 
 impl Drop for OneShot {
     fn drop(&mut self) {
@@ -290,7 +293,7 @@ impl OneShot {
             .spawn(move || {
                 let _runtime = handle.enter();
                 let began = std::time::Instant::now();
-                let started = Supervisor::start(SupervisorOptions {
+                let started = Supervisor::start_but_cgroups(SupervisorOptions {
                     sandbox_host_id: sandbox_uid,
                     landlock_audit,
                     one_shot: true,
@@ -308,15 +311,16 @@ impl OneShot {
         })
     }
 
-    /// Waits for the supervisor.
+    /// Finds the cgroups, then waits for the rest of the supervisor.
     fn started(mut self) -> anyhow::Result<(tokio::runtime::Runtime, Supervisor)> {
         let (Some(runtime), Some(starting)) = (self.runtime.take(), self.starting.take()) else {
             anyhow::bail!("the supervisor was already taken");
         };
+        let cgroups = CgroupsFound::find(supervisor_options().cgroup_parent);
         let supervisor = starting
             .join()
             .map_err(|_| anyhow::anyhow!("starting the supervisor panicked"))??;
-        Ok((runtime, supervisor))
+        Ok((runtime, supervisor.with_cgroups(cgroups)))
     }
 }
 

@@ -72,7 +72,8 @@ pub use cancel::CancelSignal;
 pub use gate::{Approval, CallOptions, Gate};
 pub use result::{ErrorKind, ToolError, ToolResult};
 pub use sandbox::{
-    LandlockAuditState, NetworkNamespaces, SandboxRun, Supervisor, SupervisorOptions,
+    CgroupsFound, LandlockAuditState, NetworkNamespaces, PendingSupervisor, SandboxRun, Supervisor,
+    SupervisorOptions,
 };
 pub use session::{SessionError, Sessions};
 pub use spawn::NamespaceCounts;
