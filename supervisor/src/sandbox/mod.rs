@@ -95,7 +95,7 @@ fn find_cgroups(configured: Option<CgroupParent>) -> Result<CgroupParent, String
 /// Where a supervisor's worker cgroups go: the configured parent or this process's own
 /// cgroup, stale worker cgroups removed; or why there is none (then a profile that
 /// requires cgroups has its calls refused, and a best-effort one runs without).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct CgroupsFound(Result<CgroupParent, String>);
 
 impl CgroupsFound {
