@@ -136,6 +136,8 @@ fn bench_json_reports_latency_throughput_kill_and_memory_figures() {
         assert_eq!(found["samples"], 3, "{found}");
         assert!(found["median_ms"].as_f64().unwrap() > 0.0, "{found}");
     }
+    // Sessions need no kernel feature the rest of the bench does not.
+    assert!(report["session"].is_object(), "{}", report["notes"]);
     assert!(report["supervisor_rss_idle_kib"].as_u64().unwrap() > 0);
     // The pooled workers were found and measured (a worker maps at least libc and itself).
     assert!(report["worker_rss_per_idle_pooled_kib"].as_u64().unwrap() > 500);

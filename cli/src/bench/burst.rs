@@ -175,14 +175,18 @@ pub fn measure(
     bwrap: Option<&Path>,
     plan: &BurstPlan,
 ) -> Result<BurstBench, BurstError> {
-    let dir = std::env::temp_dir().join(format!("airlock-burst-{}", std::process::id()));
+    let dir = super::scratch::private_dir("airlock-burst", 0o700).map_err(|source| {
+        BurstError::WritePolicy {
+            path: std::env::temp_dir().display().to_string(),
+            source,
+        }
+    })?;
     let policy = dir.join("bench.toml");
     let socket = dir.join("airlock.sock");
     let write_failed = |source| BurstError::WritePolicy {
         path: policy.display().to_string(),
         source,
     };
-    std::fs::create_dir_all(&dir).map_err(write_failed)?;
     std::fs::write(&policy, BENCH_POLICY).map_err(write_failed)?;
     let most = plan.counts.iter().copied().max().unwrap_or(1).max(1);
     // One connection per client here, as many bwraps' pipes: more than the common soft

@@ -97,8 +97,8 @@ pub(super) fn measure_daemon_memory(
     me: &Path,
     pool_workers: usize,
 ) -> Result<DaemonMemory, String> {
-    let dir = std::env::temp_dir().join(format!("airlock-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let dir = super::scratch::private_dir("airlock-bench", 0o700)
+        .map_err(|e| format!("a scratch directory: {e}"))?;
     let result = (|| {
         let policy = dir.join("bench.toml");
         let socket = dir.join("airlock.sock");

@@ -7,6 +7,7 @@ mod denials;
 mod egress;
 mod memory;
 mod oneshot;
+mod scratch;
 mod session;
 mod shell_daemon;
 mod table;

@@ -227,13 +227,17 @@ pub fn measure(
     bwrap: Option<&Path>,
     airlocks: &[(String, PathBuf)],
 ) -> Result<OneshotBench, OneshotError> {
-    let dir = std::env::temp_dir().join(format!("airlock-bench-{}", std::process::id()));
+    let dir = super::scratch::private_dir("airlock-bench", 0o700).map_err(|source| {
+        OneshotError::WritePolicy {
+            path: std::env::temp_dir().display().to_string(),
+            source,
+        }
+    })?;
     let policy = dir.join("bench.toml");
     let write_failed = |source| OneshotError::WritePolicy {
         path: policy.display().to_string(),
         source,
     };
-    std::fs::create_dir_all(&dir).map_err(write_failed)?;
     std::fs::write(&policy, BENCH_POLICY).map_err(write_failed)?;
     let mut all = contenders(bwrap, airlocks, &policy);
     // Started before this process becomes a subreaper: the daemon is a child that stays.

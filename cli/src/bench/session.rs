@@ -112,7 +112,8 @@ async fn settle(supervisor: &Supervisor, idle: usize) {
 
 /// Measures `rounds` of each, interleaved (the order alternating each round).
 pub async fn measure(rounds: usize, options: SupervisorOptions) -> anyhow::Result<SessionBench> {
-    let dir = std::env::temp_dir().join(format!("airlock-bench-session-{}", std::process::id()));
+    // Traversable: each session's workspace beneath is bound into its workers.
+    let dir = super::scratch::private_dir("airlock-bench-session", 0o711)?;
     let bases = dir.join("bases");
     let base = bases.join("project");
     std::fs::create_dir_all(&base)?;
