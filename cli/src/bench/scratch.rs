@@ -1,6 +1,6 @@
 //! The bench's scratch directories: the policy files, sockets and session bases it makes.
 
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -46,9 +46,9 @@ fn make_private_dir(
 }
 
 fn random_u64() -> io::Result<u64> {
-    let mut bytes = [0u8; 8];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(u64::from_ne_bytes(bytes))
+    airlock::approvals::os_random::<8>()
+        .map(u64::from_ne_bytes)
+        .ok_or_else(|| io::Error::other("no random source (/dev/urandom) for its name"))
 }
 
 #[cfg(test)]

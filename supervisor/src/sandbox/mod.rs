@@ -312,8 +312,8 @@ impl Supervisor {
         Ok(pending.with_cgroups(CgroupsFound::find(configured)))
     }
 
-    /// [`Supervisor::start`] without finding its cgroups, which the caller does meanwhile
-    /// (a one-shot run, on the thread that has loaded its policy) and hands to
+    /// [`Supervisor::start`] without finding its cgroups, which the caller finds meanwhile
+    /// or after (a one-shot run: on whichever of its threads is free first) and hands to
     /// [`PendingSupervisor::with_cgroups`].
     pub fn start_but_cgroups(
         options: SupervisorOptions,
