@@ -692,6 +692,14 @@ impl Sessions {
     }
 }
 
+/// A holder that drops the last handle without closing (a library caller giving up early
+/// on an error, a test) must not leave workspaces mounted or on disk behind it.
+impl Drop for Sessions {
+    fn drop(&mut self) {
+        self.close_all();
+    }
+}
+
 /// A gate serving no sessions: a call of a profile with a workspace is refused.
 pub fn without_sessions(profile: &CompiledProfile) -> Result<Option<SessionCall>, Box<ToolError>> {
     match profile.workspace {

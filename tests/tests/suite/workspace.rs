@@ -616,6 +616,40 @@ fn idle_sessions_expire_and_leave_nothing() {
     );
 }
 
+#[test]
+fn sessions_dropped_without_closing_leave_no_mount_or_files() {
+    let _guard = airlock_tests::shared();
+    let scratch = Scratch::new("workspace-dropped");
+    let state = scratch.0.join("sessions");
+    let sessions =
+        airlock::Sessions::new(&state, (65534, 65534), Arc::new(airlock::gate::SystemClock))
+            .unwrap();
+    let policy = airlock_policy::validate::SessionPolicy::default();
+    for _ in 0..2 {
+        let opened = sessions.open(&policy, None, None, 1 << 20).unwrap();
+        sessions
+            .put_file(&policy, &opened.session, "f", b"data")
+            .unwrap();
+    }
+    assert_eq!(std::fs::read_dir(&state).unwrap().count(), 2);
+    let state_text = state.display().to_string();
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|line| line.contains(&state_text))
+            .count()
+    };
+    // As root each workspace is a tmpfs of its own.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        assert_eq!(mounted(), 2);
+    }
+    drop(sessions);
+    assert_eq!(std::fs::read_dir(&state).unwrap().count(), 0);
+    assert_eq!(mounted(), 0);
+}
+
 /// A validator for one definition of the daemon's published schema.
 fn schema_of(definition: &str) -> jsonschema::Validator {
     let root: Value = serde_json::from_str(airlock::daemon::PROTOCOL_SCHEMA).unwrap();
