@@ -12,6 +12,7 @@
 //! init is reaped, and without this the init's CPU time (most of bwrap's) would count
 //! nowhere. The wall time stops when the contender's own process exits, as a shell sees.
 
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -30,6 +31,17 @@ pub enum OneshotError {
     WritePolicy {
         /// The file.
         path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Copying a contender's binary into the section's directory failed.
+    #[error("cannot copy {from} to {to}: {source}")]
+    CopyBinary {
+        /// The binary.
+        from: String,
+        /// Its copy.
+        to: String,
         /// Cause.
         #[source]
         source: std::io::Error,
@@ -220,6 +232,45 @@ fn sorted(mut values: Vec<f64>) -> Vec<f64> {
     values
 }
 
+/// An airlock binary and the label its rows carry.
+type Labelled = (String, PathBuf);
+
+/// Copies every contender's binary into `dir`, all together just before the rounds. How
+/// long ago a binary's file was written moves its one-shot figures by up to a sixth (its
+/// pages' state in the page cache), so contenders run from files of different ages would
+/// be compared unfairly; copies made together share one history. Mode 0700: only this
+/// process runs them. A setuid or setgid bwrap is run where it is: its copy would lose
+/// the bit it may need.
+fn fresh_copies(
+    dir: &Path,
+    bwrap: Option<&Path>,
+    airlocks: &[(String, PathBuf)],
+) -> Result<(Option<PathBuf>, Vec<Labelled>), OneshotError> {
+    let copy = |from: &Path, name: String| {
+        let to = dir.join(name);
+        let failed = |source| OneshotError::CopyBinary {
+            from: from.display().to_string(),
+            to: to.display().to_string(),
+            source,
+        };
+        std::fs::copy(from, &to).map_err(failed)?;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o700)).map_err(failed)?;
+        Ok(to)
+    };
+    let bwrap = match bwrap {
+        Some(b) if std::fs::metadata(b).is_ok_and(|m| m.mode() & 0o6000 == 0) => {
+            Some(copy(b, "bwrap".into())?)
+        }
+        other => other.map(Path::to_path_buf),
+    };
+    let airlocks = airlocks
+        .iter()
+        .enumerate()
+        .map(|(i, (label, binary))| Ok((label.clone(), copy(binary, format!("airlock-{i}"))?)))
+        .collect::<Result<_, OneshotError>>()?;
+    Ok((bwrap, airlocks))
+}
+
 /// Measures `rounds` rounds, each contender once per round in an order that rotates, after
 /// one untimed warm-up round (page cache, the first cgroup of the parent).
 pub fn measure(
@@ -233,16 +284,29 @@ pub fn measure(
             source,
         }
     })?;
+    let measured = measure_in(rounds, bwrap, airlocks, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    measured
+}
+
+fn measure_in(
+    rounds: usize,
+    bwrap: Option<&Path>,
+    airlocks: &[(String, PathBuf)],
+    dir: &Path,
+) -> Result<OneshotBench, OneshotError> {
     let policy = dir.join("bench.toml");
     let write_failed = |source| OneshotError::WritePolicy {
         path: policy.display().to_string(),
         source,
     };
     std::fs::write(&policy, BENCH_POLICY).map_err(write_failed)?;
+    let (bwrap, airlocks) = fresh_copies(dir, bwrap, airlocks)?;
+    let (bwrap, airlocks) = (bwrap.as_deref(), airlocks.as_slice());
     let mut all = contenders(bwrap, airlocks, &policy);
     // Started before this process becomes a subreaper: the daemon is a child that stays.
     let daemon = match airlocks.first() {
-        Some((label, binary)) => match ShellDaemon::start(binary, &policy, &dir) {
+        Some((label, binary)) => match ShellDaemon::start(binary, &policy, dir) {
             Ok(daemon) => {
                 all.push(client_contender(label, binary, daemon.socket()));
                 Ok(daemon)
@@ -284,7 +348,6 @@ pub fn measure(
         let _ = nix::sys::prctl::set_child_subreaper(false);
         reap_orphans(None);
     }
-    let _ = std::fs::remove_dir_all(&dir);
     let bwrap_samples = bwrap.map(|_| &samples[0]);
     let median_of =
         |s: &[Option<Sample>]| percentile(&sorted(s.iter().flatten().map(|x| x.0).collect()), 0.5);
