@@ -10,8 +10,7 @@ use std::sync::Arc;
 use airlock::audit::AuditSink;
 use airlock::pool::PoolSize;
 use airlock::{
-    CallOptions, CgroupsFound, ErrorKind, Gate, PendingSupervisor, SandboxRun, Supervisor,
-    SupervisorOptions, ToolCall, ToolResult,
+    CallOptions, ErrorKind, Gate, SandboxRun, Supervisor, SupervisorOptions, ToolCall, ToolResult,
 };
 use airlock_policy::{
     CompiledPolicy, Diagnostic, LoadedPolicy, PolicyError, Severity, load_policy_file,
@@ -251,23 +250,18 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// A one-shot `exec` or `run`: its runtime, and its supervisor being started on another
-/// thread while this one loads the policy. Sealing the worker image and starting the
-/// spawner take about as long as loading a small policy, and none needs the other, so on
-/// two cores the call starts that much sooner; the work done is the same. The cgroups are
-/// found by whichever thread is done first: a small policy loads before the image is
-/// sealed, a large one after.
+/// thread while this one loads the policy. Sealing the worker image and finding the cgroups
+/// take about as long as loading a policy and neither needs the other, so on two cores the
+/// call starts that much sooner; the work done is the same.
 struct OneShot {
     /// Taken with the supervisor by [`OneShot::started`].
     runtime: Option<tokio::runtime::Runtime>,
     /// Taken by [`OneShot::started`]; otherwise joined on drop, so that a run given up
     /// (an invalid policy) does not exit while the supervisor is still setting up.
     starting: Option<Starting>,
-    /// Found once, by the first thread to get there; the other waits for it.
-    cgroups: Arc<std::sync::OnceLock<CgroupsFound>>,
 }
 
-type Starting =
-    std::thread::JoinHandle<Result<PendingSupervisor, airlock::sandbox::SupervisorError>>;
+type Starting = std::thread::JoinHandle<Result<Supervisor, airlock::sandbox::SupervisorError>>;
 
 impl Drop for OneShot {
     fn drop(&mut self) {
@@ -291,22 +285,17 @@ impl OneShot {
         let _ = std::thread::Builder::new()
             .name("airlock-schemas".into())
             .spawn(airlock_policy::schema::warm_up);
-        let cgroups = Arc::new(std::sync::OnceLock::new());
-        let found_here = Arc::clone(&cgroups);
         let starting = std::thread::Builder::new()
             .name("airlock-start".into())
             .spawn(move || {
                 let _runtime = handle.enter();
                 let began = std::time::Instant::now();
-                let started = Supervisor::start_but_cgroups(SupervisorOptions {
+                let started = Supervisor::start(SupervisorOptions {
                     sandbox_host_id: sandbox_uid,
                     landlock_audit,
                     one_shot: true,
                     ..supervisor_options()
                 });
-                if started.is_ok() {
-                    found_here.get_or_init(find_cgroups);
-                }
                 tracing::debug!(
                     elapsed_us = began.elapsed().as_micros(),
                     "supervisor started"
@@ -316,26 +305,19 @@ impl OneShot {
         Ok(Self {
             runtime: Some(runtime),
             starting: Some(starting),
-            cgroups,
         })
     }
 
-    /// Finds the cgroups unless the other thread has, and waits for the supervisor.
+    /// Waits for the supervisor.
     fn started(mut self) -> anyhow::Result<(tokio::runtime::Runtime, Supervisor)> {
         let (Some(runtime), Some(starting)) = (self.runtime.take(), self.starting.take()) else {
             anyhow::bail!("the supervisor was already taken");
         };
-        let cgroups = self.cgroups.get_or_init(find_cgroups).clone();
         let supervisor = starting
             .join()
             .map_err(|_| anyhow::anyhow!("starting the supervisor panicked"))??;
-        Ok((runtime, supervisor.with_cgroups(cgroups)))
+        Ok((runtime, supervisor))
     }
-}
-
-/// A one-shot run's cgroups, beneath this process's own.
-fn find_cgroups() -> CgroupsFound {
-    CgroupsFound::find(supervisor_options().cgroup_parent)
 }
 
 /// Ends a one-shot run once its supervisor is closed (every worker reaped, every cgroup

@@ -72,8 +72,7 @@ pub use cancel::CancelSignal;
 pub use gate::{Approval, CallOptions, Gate};
 pub use result::{ErrorKind, ToolError, ToolResult};
 pub use sandbox::{
-    CgroupsFound, LandlockAuditState, NetworkNamespaces, PendingSupervisor, SandboxRun, Supervisor,
-    SupervisorOptions,
+    LandlockAuditState, NetworkNamespaces, SandboxRun, Supervisor, SupervisorOptions,
 };
 pub use session::{SessionError, Sessions};
 pub use spawn::NamespaceCounts;

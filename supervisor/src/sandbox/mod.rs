@@ -92,32 +92,6 @@ fn find_cgroups(configured: Option<CgroupParent>) -> Result<CgroupParent, String
     cgroups
 }
 
-/// Where a supervisor's worker cgroups go: the configured parent or this process's own
-/// cgroup, stale worker cgroups removed; or why there is none (then a profile that
-/// requires cgroups has its calls refused, and a best-effort one runs without).
-#[derive(Debug, Clone)]
-pub struct CgroupsFound(Result<CgroupParent, String>);
-
-impl CgroupsFound {
-    /// Detects them (unless `configured`) and removes stale worker cgroups beneath.
-    pub fn find(configured: Option<CgroupParent>) -> Self {
-        Self(find_cgroups(configured))
-    }
-}
-
-/// A supervisor started but for its cgroups ([`Supervisor::start_but_cgroups`]).
-#[derive(Debug)]
-pub struct PendingSupervisor(Supervisor);
-
-impl PendingSupervisor {
-    /// The supervisor, with the cgroups found meanwhile.
-    pub fn with_cgroups(self, found: CgroupsFound) -> Supervisor {
-        let mut supervisor = self.0;
-        supervisor.cgroups = found.0;
-        supervisor
-    }
-}
-
 /// Options of a [`Supervisor`].
 #[derive(Debug, Clone, Default)]
 pub struct SupervisorOptions {
@@ -307,22 +281,10 @@ impl Supervisor {
     /// them as zombies: thousands during a bench run, each one more task for every
     /// `pivot_root` on the machine to visit.
     pub fn start(options: SupervisorOptions) -> Result<Self, SupervisorError> {
-        let configured = options.cgroup_parent.clone();
-        let pending = Self::start_but_cgroups(options)?;
-        Ok(pending.with_cgroups(CgroupsFound::find(configured)))
-    }
-
-    /// [`Supervisor::start`] without finding its cgroups, which the caller finds meanwhile
-    /// or after (a one-shot run: on whichever of its threads is free first) and hands to
-    /// [`PendingSupervisor::with_cgroups`].
-    pub fn start_but_cgroups(
-        options: SupervisorOptions,
-    ) -> Result<PendingSupervisor, SupervisorError> {
         let mapping = IdMapping::for_this_process(options.sandbox_host_id);
         let sandbox_ids = (mapping.host_uid, mapping.host_gid);
         let spawner = start_spawner(&options, mapping)?;
-        // Replaced by `with_cgroups`, the only way out of a PendingSupervisor.
-        let cgroups = Err("the supervisor's cgroups were not looked for".to_string());
+        let cgroups = find_cgroups(options.cgroup_parent.clone());
         let (landlock_audit, landlock_audit_state) = if options.landlock_audit {
             match LandlockAudit::start() {
                 Ok(audit) => (Some(audit), LandlockAuditState::Reading),
@@ -335,7 +297,7 @@ impl Supervisor {
         } else {
             (None, LandlockAuditState::Off)
         };
-        Ok(PendingSupervisor(Self {
+        Ok(Self {
             spawner,
             cgroups,
             closing: CancelSignal::new(),
@@ -361,7 +323,7 @@ impl Supervisor {
             landlock_audit,
             landlock_audit_state,
             one_shot: options.one_shot,
-        }))
+        })
     }
 
     /// Whether Landlock's refusals are read from the audit, and why not when asked for.
