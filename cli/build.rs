@@ -1,7 +1,7 @@
 //! Builds the dedicated worker program (`worker/src/main.rs`) with the same cargo, profile
 //! and target, and leaves it in `OUT_DIR` for the CLI to embed. A worker started from the
 //! 0.5 MB image is ready ~0.4 ms sooner than one started from the whole 6.4 MB CLI, and an
-//! idle one takes a third of the memory (`airlock bench`, docs/performance.md).
+//! idle one takes a third of the memory (`airlock bench`, docs/performance-breakdown.md).
 //!
 //! Built from the same source tree in the same build, it cannot drift from the supervisor
 //! it serves. If it cannot be built here, the image is left empty and the CLI falls back to

@@ -13,10 +13,10 @@
 //! The program is generated here rather than by seccompiler: seccompiler emits one compare
 //! per syscall in a linear chain (about 1,100 instructions for the default profile), and when
 //! a filter is attached the kernel runs it once for every syscall number to build its allow
-//! cache, so installing such a chain was most of a worker's confinement (docs/performance.md
-//! has the figures). Here the syscall numbers are split into runs of equal outcome and
-//! searched with a binary tree of `JGE`s — a few hundred instructions, about ten compares per
-//! syscall — and argument checks (always on the low 32 bits) sit in the leaves. The tests
+//! cache, so installing such a chain was most of a worker's confinement
+//! (docs/performance-breakdown.md has the figures). Here the syscall numbers are split
+//! into runs of equal outcome and searched with a binary tree of `JGE`s — a few hundred
+//! instructions, about ten compares per syscall — and argument checks (always on the low 32 bits) sit in the leaves. The tests
 //! check the exact program with an interpreter against a reference model of the policy, for
 //! every syscall number.
 //!
