@@ -16,9 +16,9 @@
 //! cache, so installing such a chain was most of a worker's confinement
 //! (docs/performance-breakdown.md has the figures). Here the syscall numbers are split
 //! into runs of equal outcome and searched with a binary tree of `JGE`s — a few hundred
-//! instructions, about ten compares per syscall — and argument checks (always on the low 32 bits) sit in the leaves. The tests
-//! check the exact program with an interpreter against a reference model of the policy, for
-//! every syscall number.
+//! instructions, about ten compares per syscall — and argument checks (always on the low
+//! 32 bits) sit in the leaves. The tests check the exact program with an interpreter
+//! against a reference model of the policy, for every syscall number.
 //!
 //! By concern: `tables` holds the syscall lists (what the default allows, what is always
 //! refused), `args` the argument rules, `program` the BPF generation, and [`interpret`] runs a
