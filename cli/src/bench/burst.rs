@@ -181,6 +181,17 @@ pub fn measure(
             source,
         }
     })?;
+    let measured = measure_in(airlock, bwrap, plan, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    measured
+}
+
+fn measure_in(
+    airlock: &Path,
+    bwrap: Option<&Path>,
+    plan: &BurstPlan,
+    dir: &Path,
+) -> Result<BurstBench, BurstError> {
     let policy = dir.join("bench.toml");
     let socket = dir.join("airlock.sock");
     let write_failed = |source| BurstError::WritePolicy {
@@ -225,7 +236,6 @@ pub fn measure(
         );
     }
     let _ = daemon.wait();
-    let _ = std::fs::remove_dir_all(&dir);
     measured
 }
 
