@@ -227,15 +227,7 @@ fn measure_in(
         .map_err(BurstError::StartDaemon)?;
     let pid = daemon.id().to_string();
     let measured = measure_with_daemon(&pid, &socket, bwrap, plan);
-    // Our own child, signalled by the pid we hold until it is reaped below; SIGTERM so
-    // that it removes its workers' cgroups and its socket.
-    if let Ok(raw) = i32::try_from(daemon.id()) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(raw),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    let _ = daemon.wait();
+    super::shell_daemon::stop(&mut daemon);
     measured
 }
 

@@ -159,15 +159,7 @@ pub(super) fn measure_daemon_memory(
             memory.worker_pss_kib = workers.iter().map(|w| pss_kib(w)).sum::<u64>() / count;
             Ok(memory)
         })();
-        // Our own child, signalled by the pid we hold until it is reaped below; SIGTERM so
-        // that it removes its workers' cgroups and its socket.
-        if let Ok(raw) = i32::try_from(daemon.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(raw),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let _ = daemon.wait();
+        super::shell_daemon::stop(&mut daemon);
         measured
     })();
     let _ = std::fs::remove_dir_all(&dir);

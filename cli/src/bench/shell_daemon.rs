@@ -98,14 +98,19 @@ impl ShellDaemon {
 
 impl Drop for ShellDaemon {
     fn drop(&mut self) {
-        // Our own child, signalled by the pid we hold until it is reaped below; SIGTERM so
-        // that it removes its workers' cgroups and its socket.
-        if let Ok(raw) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(raw),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let _ = self.child.wait();
+        stop(&mut self.child);
     }
+}
+
+/// Stops a daemon the bench started: SIGTERM, so that it removes its workers' cgroups and
+/// its socket, then waits for it. Signalled by the pid held in `child`, our own child that
+/// is not reaped until the wait below, so the pid cannot name another process.
+pub(super) fn stop(child: &mut Child) {
+    if let Ok(raw) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(raw),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let _ = child.wait();
 }
