@@ -5,9 +5,9 @@
 //! threads allocating at once for a few milliseconds (the policy's load, the schema
 //! validator's build, the supervisor's start, the spawner), and in the static build they
 //! spent a quarter of the run's CPU in the allocator, its lock and its `futex` waits
-//! (docs/performance-oneshot.md). mallocng stays the heap of the long-lived commands (`serve`,
-//! `mcp`, `bench`): it hands memory back after a burst, which the daemon's memory targets
-//! depend on and which dlmalloc does not. Every other command switches, first thing in
+//! (docs/performance-oneshot.md). mallocng stays the heap of the long-lived commands
+//! (`serve`, `mcp`, `bench`): it hands memory back after a burst, which the daemon's memory
+//! targets depend on and which dlmalloc does not. Every other command switches, first thing in
 //! `main`, to dlmalloc behind one lock, which takes memory in large steps and keeps it.
 //!
 //! dlmalloc's memory comes from one address range reserved when the switch is made, so a

@@ -48,10 +48,11 @@ fn pool_key(profile: &CompiledProfile) -> String {
 
 /// Pool keys of the profiles seen, by identity. Hashing a whole spec, BPF program
 /// included, field by field is a measurable part of a call's critical path (see
-/// docs/performance-breakdown.md); a gateway passes the same `Arc` of its compiled policy for every call of a profile. Each entry holds its
-/// `Arc`, so the address cannot be reused by another profile and the content cannot change
-/// (no `&mut` reaches a shared `Arc`). Bounded: emptied when full (policies reloaded many
-/// times), and the next call of each profile hashes again.
+/// docs/performance-breakdown.md); a gateway passes the same `Arc` of its compiled policy
+/// for every call of a profile. Each entry holds its `Arc`, so the address cannot be
+/// reused by another profile and the content cannot change (no `&mut` reaches a shared
+/// `Arc`). Bounded: emptied when full (policies reloaded many times), and the next call of
+/// each profile hashes again.
 #[derive(Debug, Default)]
 pub(super) struct PoolKeys(std::sync::Mutex<Vec<(Arc<CompiledProfile>, String)>>);
 
