@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::memory::{ask_daemon, status_kib};
+use super::scratch::ScratchDir;
 use super::{BENCH_POLICY, bwrap_command_running};
 
 /// Why the burst section could not run.
@@ -175,23 +176,12 @@ pub fn measure(
     bwrap: Option<&Path>,
     plan: &BurstPlan,
 ) -> Result<BurstBench, BurstError> {
-    let dir = super::scratch::private_dir("airlock-burst", 0o700).map_err(|source| {
-        BurstError::WritePolicy {
+    let dir =
+        ScratchDir::new("airlock-burst", 0o700).map_err(|source| BurstError::WritePolicy {
             path: std::env::temp_dir().display().to_string(),
             source,
-        }
-    })?;
-    let measured = measure_in(airlock, bwrap, plan, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    measured
-}
-
-fn measure_in(
-    airlock: &Path,
-    bwrap: Option<&Path>,
-    plan: &BurstPlan,
-    dir: &Path,
-) -> Result<BurstBench, BurstError> {
+        })?;
+    let dir = dir.path();
     let policy = dir.join("bench.toml");
     let socket = dir.join("airlock.sock");
     let write_failed = |source| BurstError::WritePolicy {

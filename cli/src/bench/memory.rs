@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::BENCH_POLICY;
+use super::scratch::ScratchDir;
 
 pub(super) fn rss_kib(pid: &str) -> u64 {
     status_kib(pid, "VmRSS:")
@@ -97,71 +98,68 @@ pub(super) fn measure_daemon_memory(
     me: &Path,
     pool_workers: usize,
 ) -> Result<DaemonMemory, String> {
-    let dir = super::scratch::private_dir("airlock-bench", 0o700)
-        .map_err(|e| format!("a scratch directory: {e}"))?;
-    let result = (|| {
-        let policy = dir.join("bench.toml");
-        let socket = dir.join("airlock.sock");
-        std::fs::write(&policy, BENCH_POLICY).map_err(|e| format!("write policy: {e}"))?;
-        let mut daemon = Command::new(me)
-            .arg("serve")
-            .arg("--policy")
-            .arg(&policy)
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--pool")
-            .arg(pool_workers.to_string())
-            // Exactly that many: the call below may find the pool still filling.
-            .arg("--pool-max")
-            .arg(pool_workers.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("start airlock serve: {e}"))?;
-        let pid = daemon.id().to_string();
-        let measured = (|| {
-            let started = Instant::now();
-            while ask_daemon(&socket, r#"{"id": 1, "op": "health"}"#).is_err() {
-                if started.elapsed() > Duration::from_secs(20) {
-                    return Err("airlock serve did not answer within 20 s".to_string());
-                }
-                std::thread::sleep(Duration::from_millis(10));
+    let dir =
+        ScratchDir::new("airlock-bench", 0o700).map_err(|e| format!("a scratch directory: {e}"))?;
+    let dir = dir.path();
+    let policy = dir.join("bench.toml");
+    let socket = dir.join("airlock.sock");
+    std::fs::write(&policy, BENCH_POLICY).map_err(|e| format!("write policy: {e}"))?;
+    let mut daemon = Command::new(me)
+        .arg("serve")
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--pool")
+        .arg(pool_workers.to_string())
+        // Exactly that many: the call below may find the pool still filling.
+        .arg("--pool-max")
+        .arg(pool_workers.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("start airlock serve: {e}"))?;
+    let pid = daemon.id().to_string();
+    let measured = (|| {
+        let started = Instant::now();
+        while ask_daemon(&socket, r#"{"id": 1, "op": "health"}"#).is_err() {
+            if started.elapsed() > Duration::from_secs(20) {
+                return Err("airlock serve did not answer within 20 s".to_string());
             }
-            let mut memory = DaemonMemory {
-                rss_idle_kib: rss_kib(&pid),
-                rss_idle_file_kib: status_kib(&pid, "RssFile:"),
-                rss_idle_anon_kib: status_kib(&pid, "RssAnon:"),
-                ..DaemonMemory::default()
-            };
-            let call = ask_daemon(
-                &socket,
-                r#"{"id": 2, "op": "call", "tool": "true", "arguments": {}}"#,
-            )?;
-            if call.pointer("/result/ok") != Some(&serde_json::Value::Bool(true)) {
-                return Err(format!("the daemon's call failed: {call}"));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut memory = DaemonMemory {
+            rss_idle_kib: rss_kib(&pid),
+            rss_idle_file_kib: status_kib(&pid, "RssFile:"),
+            rss_idle_anon_kib: status_kib(&pid, "RssAnon:"),
+            ..DaemonMemory::default()
+        };
+        let call = ask_daemon(
+            &socket,
+            r#"{"id": 2, "op": "call", "tool": "true", "arguments": {}}"#,
+        )?;
+        if call.pointer("/result/ok") != Some(&serde_json::Value::Bool(true)) {
+            return Err(format!("the daemon's call failed: {call}"));
+        }
+        let started = Instant::now();
+        loop {
+            let stats = ask_daemon(&socket, r#"{"id": 3, "op": "stats"}"#)?;
+            let idle = stats.pointer("/result/pool/idle").and_then(|v| v.as_u64());
+            if idle.is_some_and(|n| n as usize >= pool_workers) {
+                break;
             }
-            let started = Instant::now();
-            loop {
-                let stats = ask_daemon(&socket, r#"{"id": 3, "op": "stats"}"#)?;
-                let idle = stats.pointer("/result/pool/idle").and_then(|v| v.as_u64());
-                if idle.is_some_and(|n| n as usize >= pool_workers) {
-                    break;
-                }
-                if started.elapsed() > Duration::from_secs(60) {
-                    return Err(format!("the daemon's pool did not fill: {stats}"));
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            if started.elapsed() > Duration::from_secs(60) {
+                return Err(format!("the daemon's pool did not fill: {stats}"));
             }
-            memory.rss_with_pool_kib = rss_kib(&pid);
-            let workers = pooled_workers_of(&pid);
-            let count = workers.len().max(1) as u64;
-            memory.worker_pss_kib = workers.iter().map(|w| pss_kib(w)).sum::<u64>() / count;
-            Ok(memory)
-        })();
-        super::shell_daemon::stop(&mut daemon);
-        measured
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        memory.rss_with_pool_kib = rss_kib(&pid);
+        let workers = pooled_workers_of(&pid);
+        let count = workers.len().max(1) as u64;
+        memory.worker_pss_kib = workers.iter().map(|w| pss_kib(w)).sum::<u64>() / count;
+        Ok(memory)
     })();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    super::shell_daemon::stop(&mut daemon);
+    measured
 }

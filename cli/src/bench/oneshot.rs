@@ -20,6 +20,7 @@ use std::time::Instant;
 use nix::sys::resource::{UsageWho, getrusage};
 use serde::Serialize;
 
+use super::scratch::ScratchDir;
 use super::shell_daemon::ShellDaemon;
 use super::{BENCH_POLICY, bwrap_command, percentile};
 
@@ -278,23 +279,12 @@ pub fn measure(
     bwrap: Option<&Path>,
     airlocks: &[(String, PathBuf)],
 ) -> Result<OneshotBench, OneshotError> {
-    let dir = super::scratch::private_dir("airlock-bench", 0o700).map_err(|source| {
-        OneshotError::WritePolicy {
+    let dir =
+        ScratchDir::new("airlock-bench", 0o700).map_err(|source| OneshotError::WritePolicy {
             path: std::env::temp_dir().display().to_string(),
             source,
-        }
-    })?;
-    let measured = measure_in(rounds, bwrap, airlocks, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    measured
-}
-
-fn measure_in(
-    rounds: usize,
-    bwrap: Option<&Path>,
-    airlocks: &[(String, PathBuf)],
-    dir: &Path,
-) -> Result<OneshotBench, OneshotError> {
+        })?;
+    let dir = dir.path();
     let policy = dir.join("bench.toml");
     let write_failed = |source| OneshotError::WritePolicy {
         path: policy.display().to_string(),

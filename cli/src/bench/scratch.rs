@@ -4,13 +4,31 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// Makes a new directory `PREFIX-PID-RANDOM` in the system's temporary directory, with
-/// `mode` (0700, or 0711 where the sandbox's user must pass through it). Never one that
-/// exists already: the bench usually runs as root, and a directory another user could
-/// name in advance and make first (or point elsewhere by a symlink) would let them swap
-/// the policy the bench's sandboxes run under, or its daemon's socket.
-pub fn private_dir(prefix: &str, mode: u32) -> io::Result<PathBuf> {
-    make_private_dir(&std::env::temp_dir(), prefix, mode, random_u64)
+/// A new directory `PREFIX-PID-RANDOM` in the system's temporary directory, removed with
+/// everything in it when dropped, whichever way the section that made it ends. Drop what
+/// runs from it first (a daemon, sessions whose workspaces are mounted beneath it).
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    /// Makes the directory with `mode` (0700, or 0711 where the sandbox's user must pass
+    /// through it). Never one that exists already: the bench usually runs as root, and a
+    /// directory another user could name in advance and make first (or point elsewhere by
+    /// a symlink) would let them swap the policy the bench's sandboxes run under, or its
+    /// daemon's socket.
+    pub fn new(prefix: &str, mode: u32) -> io::Result<Self> {
+        make_private_dir(&std::env::temp_dir(), prefix, mode, random_u64).map(Self)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn make_private_dir(
@@ -85,15 +103,21 @@ mod tests {
     }
 
     #[test]
-    fn private_dirs_are_new_each_time_with_the_mode_asked() {
-        let a = private_dir("airlock-scratch-test", 0o700).unwrap();
-        let b = private_dir("airlock-scratch-test", 0o711).unwrap();
-        assert_ne!(a, b);
+    fn scratch_dirs_are_new_each_time_with_the_mode_asked_and_gone_when_dropped() {
+        let a = ScratchDir::new("airlock-scratch-test", 0o700).unwrap();
+        let b = ScratchDir::new("airlock-scratch-test", 0o711).unwrap();
+        assert_ne!(a.path(), b.path());
         for (dir, mode) in [(&a, 0o700), (&b, 0o711)] {
-            let meta = std::fs::symlink_metadata(dir).unwrap();
+            let meta = std::fs::symlink_metadata(dir.path()).unwrap();
             assert!(meta.is_dir());
             assert_eq!(meta.permissions().mode() & 0o777, mode);
-            std::fs::remove_dir(dir).unwrap();
+        }
+        std::fs::create_dir_all(a.path().join("x/y")).unwrap();
+        std::fs::write(a.path().join("x/y/f"), b"data").unwrap();
+        let paths = [a.path().to_path_buf(), b.path().to_path_buf()];
+        drop((a, b));
+        for path in paths {
+            assert!(std::fs::symlink_metadata(path).is_err());
         }
     }
 }

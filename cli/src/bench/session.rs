@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use airlock::{CallOptions, Gate, Sessions, Supervisor, SupervisorOptions, ToolCall};
 use serde::Serialize;
 
+use super::scratch::ScratchDir;
+
 /// Files in the bench's base: a small project (sources in a few directories).
 const BASE_FILES: usize = 40;
 
@@ -113,13 +115,13 @@ async fn settle(supervisor: &Supervisor, idle: usize) {
 /// Measures `rounds` of each, interleaved (the order alternating each round).
 pub async fn measure(rounds: usize, options: SupervisorOptions) -> anyhow::Result<SessionBench> {
     // Traversable: each session's workspace beneath is bound into its workers.
-    let dir = super::scratch::private_dir("airlock-bench-session", 0o711)?;
-    let bases = dir.join("bases");
+    let dir = ScratchDir::new("airlock-bench-session", 0o711)?;
+    let bases = dir.path().join("bases");
     let base = bases.join("project");
     std::fs::create_dir_all(&base)?;
-    let measured = measure_in(rounds, options, &dir, &bases, &base).await;
-    let _ = std::fs::remove_dir_all(&dir);
-    measured
+    // Returns once the sessions are closed (their workspaces unmounted), before the
+    // directory beneath which they were mounted goes.
+    measure_in(rounds, options, dir.path(), &bases, &base).await
 }
 
 async fn measure_in(
