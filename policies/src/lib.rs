@@ -17,6 +17,7 @@ pub mod schema;
 pub mod seccomp;
 pub mod strict;
 pub mod syscalls;
+pub mod text;
 pub mod units;
 mod unknown_keys;
 pub mod validate;

@@ -83,22 +83,43 @@ pub enum InputError {
         column: usize,
     },
     /// The value does not match the schema.
-    #[error("input does not match the schema: {}", summarize(.violations))]
+    #[error("input does not match the schema: {}", summarize(.violations, *.omitted))]
     Schema {
-        /// Every violation found.
+        /// The first [`MAX_VIOLATIONS`] violations found.
         violations: Vec<Violation>,
+        /// How many more there were.
+        #[serde(skip_serializing_if = "is_zero")]
+        omitted: usize,
     },
 }
 
-fn summarize(violations: &[Violation]) -> String {
-    violations
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// Violations kept for one input. Each is answered to the client and written to the audit
+/// log, and one input of a megabyte can break a schema hundreds of thousands of times: the
+/// first few say what to fix.
+pub const MAX_VIOLATIONS: usize = 32;
+
+/// Longest JSON pointer kept in a violation: the pointer may name the input's own keys,
+/// which can be as long as the input.
+pub const MAX_POINTER_BYTES: usize = 256;
+
+fn summarize(violations: &[Violation], omitted: usize) -> String {
+    let mut text = violations
         .iter()
         .map(|v| {
             let at = if v.path.is_empty() { "/" } else { &v.path };
             format!("{at}: {}", v.message)
         })
         .collect::<Vec<_>>()
-        .join("; ")
+        .join("; ");
+    if omitted > 0 {
+        text.push_str(&format!("; and {omitted} more"));
+    }
+    text
 }
 
 /// A compiled schema, cheap to share between calls.
@@ -213,13 +234,19 @@ fn safe_message(error: &jsonschema::ValidationError<'_>) -> String {
 }
 
 impl CompiledSchema {
-    /// Checks a parsed value and returns every violation.
+    /// Checks a parsed value and returns the first [`MAX_VIOLATIONS`] violations.
     pub fn check_value(&self, value: &Value) -> Result<(), Vec<Violation>> {
-        let violations: Vec<Violation> = self
-            .validator
-            .iter_errors(value)
+        self.violations(value).map_err(|(violations, _)| violations)
+    }
+
+    /// The first [`MAX_VIOLATIONS`] violations, and how many more there were.
+    fn violations(&self, value: &Value) -> Result<(), (Vec<Violation>, usize)> {
+        let mut errors = self.validator.iter_errors(value);
+        let violations: Vec<Violation> = errors
+            .by_ref()
+            .take(MAX_VIOLATIONS)
             .map(|error| Violation {
-                path: error.instance_path().as_str().to_string(),
+                path: crate::text::clipped(error.instance_path().as_str(), MAX_POINTER_BYTES),
                 keyword: error.kind().keyword().to_string(),
                 message: safe_message(&error),
             })
@@ -227,7 +254,7 @@ impl CompiledSchema {
         if violations.is_empty() {
             Ok(())
         } else {
-            Err(violations)
+            Err((violations, errors.count()))
         }
     }
 
@@ -248,8 +275,11 @@ impl CompiledSchema {
             line: e.line(),
             column: e.column(),
         })?;
-        self.check_value(&value)
-            .map_err(|violations| InputError::Schema { violations })?;
+        self.violations(&value)
+            .map_err(|(violations, omitted)| InputError::Schema {
+                violations,
+                omitted,
+            })?;
         Ok(value)
     }
 }
@@ -288,7 +318,7 @@ mod tests {
         let err = schema
             .check_text(&text, InputLimits::default())
             .unwrap_err();
-        let InputError::Schema { violations } = &err else {
+        let InputError::Schema { violations, .. } = &err else {
             panic!("expected schema error, got {err:?}");
         };
         let mut found: Vec<(&str, &str)> = violations
@@ -317,7 +347,7 @@ mod tests {
     fn missing_required_field_is_reported_at_the_root() {
         let schema = compile_schema(&word_count_schema()).unwrap();
         let err = schema.check_text("{}", InputLimits::default()).unwrap_err();
-        let InputError::Schema { violations } = err else {
+        let InputError::Schema { violations, .. } = err else {
             panic!()
         };
         assert_eq!(violations[0].path, "");
@@ -370,7 +400,7 @@ mod tests {
         let err = schema
             .check_text(r#"{"Hunter2-secret-key": 1}"#, InputLimits::default())
             .unwrap_err();
-        let InputError::Schema { violations } = &err else {
+        let InputError::Schema { violations, .. } = &err else {
             panic!("expected schema error, got {err:?}");
         };
         assert!(violations.iter().all(|v| v.keyword == "propertyNames"));
@@ -439,5 +469,49 @@ mod tests {
             compile_schema(&schema),
             Err(SchemaError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn an_input_breaking_the_schema_many_times_reports_the_first_few_and_counts_the_rest() {
+        let schema = compile_schema(&json!({
+            "type": "object",
+            "properties": {"n": {"type": "array", "items": {"type": "integer"}}}
+        }))
+        .unwrap();
+        let text = format!(r#"{{"n": [{}]}}"#, vec![r#""x""#; 5000].join(","));
+        let err = schema
+            .check_text(&text, InputLimits::default())
+            .unwrap_err();
+        let InputError::Schema {
+            violations,
+            omitted,
+        } = &err
+        else {
+            panic!("expected schema error, got {err:?}");
+        };
+        assert_eq!(violations.len(), MAX_VIOLATIONS);
+        assert_eq!(*omitted, 5000 - MAX_VIOLATIONS);
+        assert!(err.to_string().ends_with(&format!("; and {omitted} more")));
+        assert!(err.to_string().len() < 4096, "{}", err.to_string().len());
+    }
+
+    #[test]
+    fn a_violation_at_a_long_key_names_it_cut_short() {
+        let schema = compile_schema(&json!({
+            "type": "object",
+            "additionalProperties": {"type": "integer"}
+        }))
+        .unwrap();
+        let key = "é".repeat(10_000);
+        let err = schema
+            .check_text(&format!(r#"{{"{key}": "x"}}"#), InputLimits::default())
+            .unwrap_err();
+        let InputError::Schema { violations, .. } = &err else {
+            panic!("expected schema error, got {err:?}");
+        };
+        assert_eq!(violations.len(), 1);
+        assert!(violations[0].path.len() <= MAX_POINTER_BYTES);
+        assert!(violations[0].path.starts_with("/éé"));
+        assert!(violations[0].path.ends_with('…'));
     }
 }

@@ -592,7 +592,7 @@ mod tests {
         let err = compiled
             .check_text(r#"{"extra_secret_key": 1}"#, InputLimits::default())
             .unwrap_err();
-        let InputError::Schema { violations } = err else {
+        let InputError::Schema { violations, .. } = err else {
             panic!()
         };
         assert_eq!(violations[0].keyword, "additionalProperties");

@@ -17,7 +17,12 @@ use crate::cancel::CancelSignal;
 use crate::gate::{CallOptions, Gate};
 use crate::result::{ErrorKind, ToolError, ToolResult};
 
+/// Longest message an `invalid_request` answer carries: what is wrong with a request often
+/// quotes it (an unknown op or field), and a request can be megabytes.
+const MAX_MESSAGE_BYTES: usize = 1024;
+
 fn invalid_request(message: impl std::fmt::Display) -> Value {
+    let message = airlock_policy::text::clipped(&message.to_string(), MAX_MESSAGE_BYTES);
     error_body("invalid_request", format!("bad request: {message}"))
 }
 
@@ -539,6 +544,18 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_of_huge_requests_do_not_repeat_them() {
+        let name = "x".repeat(2 << 20);
+        let (_, op) = super::super::wire::parse_line(&format!(r#"{{"op":"{name}"}}"#));
+        let Err(reason) = op else {
+            panic!("an unknown op parsed")
+        };
+        let body = invalid_request(reason).to_string();
+        assert!(body.len() <= 2 * MAX_MESSAGE_BYTES, "{} bytes", body.len());
+        assert!(body.contains("unknown op"), "{body}");
+    }
 
     #[test]
     fn retry_hints_grow_with_the_queue_and_stay_bounded() {

@@ -407,6 +407,9 @@ fn check_id(name: &'static str, id: &str) -> Result<(), RequestError> {
 fn check_ids(op: &Op) -> Result<(), RequestError> {
     match op {
         Op::Call(request) | Op::Propose(request) => {
+            // A tool name is checked like an id before the gate sees it: an unknown tool is
+            // refused and audited by name, and the refusal repeats it.
+            check_id("tool", &request.tool)?;
             if let Some(call_id) = &request.call_id {
                 check_id("call_id", call_id)?;
             }
@@ -421,11 +424,14 @@ fn check_ids(op: &Op) -> Result<(), RequestError> {
             }
             Ok(())
         }
-        Op::SetState(SetStateRequest {
-            session: Some(session),
-            ..
-        })
-        | Op::Tools(ToolsRequest {
+        Op::SetState(request) => {
+            check_id("tool", &request.tool)?;
+            request
+                .session
+                .as_ref()
+                .map_or(Ok(()), |session| check_id("session", session))
+        }
+        Op::Tools(ToolsRequest {
             session: Some(session),
         })
         | Op::PutFile(PutFileRequest { session, .. })
@@ -572,6 +578,27 @@ mod tests {
             refusal(r#"{"op":"call"}"#),
             RequestError::Fields { .. }
         ));
+    }
+
+    #[test]
+    fn tool_names_are_bounded_like_ids_in_every_op_that_names_one() {
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        for op in ["call", "propose"] {
+            assert_eq!(
+                refusal(&format!(r#"{{"op":"{op}","tool":"{long}"}}"#)),
+                RequestError::BadId("tool")
+            );
+            assert_eq!(
+                refusal(&format!(r#"{{"op":"{op}","tool":"a\u0007b"}}"#)),
+                RequestError::BadId("tool")
+            );
+        }
+        assert_eq!(
+            refusal(&format!(
+                r#"{{"op":"set_state","tool":"{long}","state":"active"}}"#
+            )),
+            RequestError::BadId("tool")
+        );
     }
 
     #[test]

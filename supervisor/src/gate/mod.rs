@@ -109,7 +109,7 @@ fn rejected(call: &ToolCall, error: ToolError) -> ToolResult {
 
 pub(crate) fn invalid_input(error: InputError) -> ToolError {
     let violations = match &error {
-        InputError::Schema { violations } => Some(
+        InputError::Schema { violations, .. } => Some(
             violations
                 .iter()
                 .map(|v| InputViolation {
