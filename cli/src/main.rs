@@ -500,7 +500,10 @@ fn run_serve(mut flags: ServeFlags) -> anyhow::Result<ExitCode> {
         // The daemon counts the pools' descriptors against its open-file limit, for
         // this policy and each one reloaded.
         flags.config.pool = flags.pool;
-        let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy);
+        // Pending approvals keep their arguments for as long as they live, and any client
+        // may propose: they get a budget of their own, as large as the requests'.
+        let mut gate = Gate::new(Arc::clone(&supervisor), loaded.policy)
+            .with_max_approval_bytes(flags.config.max_input_bytes);
         if let Some(audit) = audit {
             gate = gate.with_audit(audit);
         }

@@ -140,6 +140,33 @@ pub(crate) struct Pending {
     pub(crate) arguments: String,
 }
 
+impl Pending {
+    /// About how many bytes of memory it holds: the parsed arguments, their canonical
+    /// text and the argv preview dwarf everything else.
+    fn bytes(&self) -> usize {
+        let approval = &self.approval;
+        crate::gate::json_heap_bytes(&approval.arguments)
+            + self.arguments.len()
+            + approval.argv_preview.iter().map(String::len).sum::<usize>()
+            + approval.reason.len()
+            + std::mem::size_of::<Self>()
+    }
+}
+
+/// Bytes the pending approvals may hold together unless the gate is told otherwise.
+pub const DEFAULT_MAX_APPROVAL_BYTES: usize = 16 << 20;
+
+/// Why a proposal was not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// As many as the policy allows are pending.
+    TooMany(usize),
+    /// The pending ones hold all the bytes allowed; one that ends makes room.
+    Full(usize),
+    /// It alone holds more than all pending approvals may.
+    NeverFits(usize),
+}
+
 /// Why an approval was not handed to an executor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TakeRefused {
@@ -149,13 +176,49 @@ pub(crate) enum TakeRefused {
     OtherSession,
 }
 
-/// The pending approvals, bounded by the policy's `approvals.max_pending`.
-#[derive(Debug, Default)]
+/// The pending approvals, bounded by the policy's `approvals.max_pending` and by the bytes
+/// they hold: each keeps its arguments for as long as the approval lives (a quarter of an
+/// hour by default), and any client may propose.
+#[derive(Debug)]
 pub(crate) struct ApprovalStore {
     pending: HashMap<String, Pending>,
+    pub(crate) max_bytes: usize,
+}
+
+impl Default for ApprovalStore {
+    fn default() -> Self {
+        Self {
+            pending: HashMap::new(),
+            max_bytes: DEFAULT_MAX_APPROVAL_BYTES,
+        }
+    }
 }
 
 impl ApprovalStore {
+    /// Keeps `pending` if at most `max_pending` minus one are pending (expired ones
+    /// forgotten first) and the bytes allow it.
+    pub(crate) fn admit(
+        &mut self,
+        pending: Pending,
+        max_pending: usize,
+        now_ms: u64,
+    ) -> Result<(), Refused> {
+        let count = self.expire(now_ms);
+        if count >= max_pending {
+            return Err(Refused::TooMany(count));
+        }
+        let bytes = pending.bytes();
+        if bytes > self.max_bytes {
+            return Err(Refused::NeverFits(bytes));
+        }
+        let held: usize = self.pending.values().map(Pending::bytes).sum();
+        if held.saturating_add(bytes) > self.max_bytes {
+            return Err(Refused::Full(held));
+        }
+        self.insert(pending);
+        Ok(())
+    }
+
     /// Forgets the ones expired by `now_ms`; how many remain.
     pub(crate) fn expire(&mut self, now_ms: u64) -> usize {
         self.pending

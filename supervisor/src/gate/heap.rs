@@ -4,7 +4,7 @@ use serde_json::Value;
 
 /// An estimate of the heap memory `value` holds: each node's own slot, strings' bytes and
 /// each map entry's key and bookkeeping (serde_json's map is a B-tree: a few words per entry).
-pub(super) fn json_heap_bytes(value: &Value) -> usize {
+pub(crate) fn json_heap_bytes(value: &Value) -> usize {
     const SLOT: usize = std::mem::size_of::<Value>();
     match value {
         Value::Null | Value::Bool(_) | Value::Number(_) => 0,

@@ -18,7 +18,9 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 pub use crate::approvals::{Approval, canonical_json};
-use crate::approvals::{ApprovalStore, DigestKey, Pending, TakeRefused, random_id, tool_version};
+use crate::approvals::{
+    ApprovalStore, DigestKey, Pending, Refused, TakeRefused, random_id, tool_version,
+};
 use crate::audit::{AuditSink, Event, EventKind, sanitize};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
@@ -34,7 +36,7 @@ mod dry_run;
 mod heap;
 mod session_settings;
 
-use heap::json_heap_bytes;
+pub(crate) use heap::json_heap_bytes;
 
 pub use crate::clock::{Clock, SystemClock};
 
@@ -204,6 +206,15 @@ impl Gate {
     /// Decides approvals with `callback` instead of the two-phase flow.
     pub fn with_approval_callback(mut self, callback: Arc<dyn ApprovalCallback>) -> Self {
         self.callback = Some(callback);
+        self
+    }
+
+    /// Keeps at most about `bytes` of memory in pending approvals (their arguments, parsed
+    /// and as text); a proposal beyond it is answered `overloaded`.
+    pub fn with_max_approval_bytes(self, bytes: usize) -> Self {
+        if let Ok(mut store) = self.approvals.lock() {
+            store.max_bytes = bytes;
+        }
         self
     }
 
@@ -730,21 +741,36 @@ impl Gate {
             ),
             expires_at_ms: millis(now + gate.approval_ttl),
         };
-        {
-            let Ok(mut store) = self.approvals.lock() else {
-                return Err(unavailable("approval store unavailable"));
-            };
-            let pending = store.expire(millis(now));
-            if pending >= gate.max_pending_approvals {
+        let Ok(mut store) = self.approvals.lock() else {
+            return Err(unavailable("approval store unavailable"));
+        };
+        let pending = Pending {
+            approval: approval.clone(),
+            call_id: call.call_id.clone(),
+            arguments: canonical_json(&prepared.input),
+        };
+        let max_bytes = store.max_bytes;
+        match store.admit(pending, gate.max_pending_approvals, millis(now)) {
+            Ok(()) => drop(store),
+            Err(Refused::TooMany(n)) => {
                 return Err(unavailable(&format!(
-                    "{pending} approvals are pending; reject or execute some first"
+                    "{n} approvals are pending; reject or execute some first"
                 )));
             }
-            store.insert(Pending {
-                approval: approval.clone(),
-                call_id: call.call_id.clone(),
-                arguments: canonical_json(&prepared.input),
-            });
+            Err(Refused::Full(held)) => {
+                return Err(unavailable(&format!(
+                    "the pending approvals hold {held} bytes of arguments, the most this gate keeps ({max_bytes}); reject or execute some first"
+                )));
+            }
+            Err(Refused::NeverFits(bytes)) => {
+                let error = ToolError::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "the arguments take about {bytes} bytes to keep for approval, more than this gate keeps for all pending approvals ({max_bytes})"
+                    ),
+                );
+                return Err(self.refuse(call, opts, error));
+            }
         }
         let mut event = Event::new(
             EventKind::ApprovalRequired,

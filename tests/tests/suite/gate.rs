@@ -357,6 +357,42 @@ command = ["/bin/echo", "-n", "{text}"]"#,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_approvals_hold_a_bounded_number_of_bytes() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    // Each proposal below holds its 20 KiB text several times (parsed, canonical, argv).
+    let gate = gate_with(None).with_max_approval_bytes(256 << 10);
+    let opts = CallOptions::default();
+    let big = || call("guarded", serde_json::json!({"text": "x".repeat(20 << 10)}));
+    let mut held = Vec::new();
+    let refused = loop {
+        match gate.propose(&big(), &opts) {
+            Ok(approval) => held.push(approval),
+            Err(result) => break result,
+        }
+        assert!(
+            held.len() < 64,
+            "the store took far more than its bytes allow"
+        );
+    };
+    assert!(!held.is_empty());
+    assert_eq!(kind(&refused), Some(ErrorKind::Overloaded), "{refused:?}");
+    assert_eq!(gate.pending_approvals(), held.len());
+    // What an execute, a reject or an expiry gives back is room for another.
+    assert!(gate.reject(&held[0].approval_id));
+    assert!(gate.propose(&big(), &opts).is_ok());
+    // One that could never fit is told so, not to retry.
+    let huge = call(
+        "guarded",
+        serde_json::json!({"text": "x".repeat(300 << 10)}),
+    );
+    let never = gate.propose(&huge, &opts).unwrap_err();
+    assert_eq!(kind(&never), Some(ErrorKind::InvalidInput), "{never:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_shows_what_will_run_and_another_session_can_neither_move_nor_burn_it() {
     let _guard = airlock_tests::shared();
     if !sandbox_available() {
