@@ -26,6 +26,10 @@ pub(crate) struct ClientLimits {
     /// calls cancelled.
     #[arg(long, default_value = "10s")]
     write_timeout: String,
+    /// A request must arrive whole within this long of its first byte; one that does not
+    /// is answered and dropped.
+    #[arg(long, default_value = "10s")]
+    read_timeout: String,
 }
 
 impl ClientLimits {
@@ -45,6 +49,8 @@ impl ClientLimits {
         config.max_output_bytes = size("--max-output", &self.max_output)?;
         config.write_timeout = units::parse_duration(&self.write_timeout)
             .map_err(|e| anyhow::anyhow!("--write-timeout: {e}"))?;
+        config.read_timeout = units::parse_duration(&self.read_timeout)
+            .map_err(|e| anyhow::anyhow!("--read-timeout: {e}"))?;
         Ok(())
     }
 }

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub struct ByteBudget {
     total: usize,
     taken: AtomicUsize,
+    /// Woken whenever bytes are given back, for holders waiting for room.
+    freed: tokio::sync::Notify,
 }
 
 impl ByteBudget {
@@ -16,6 +18,7 @@ impl ByteBudget {
         Arc::new(Self {
             total,
             taken: AtomicUsize::new(0),
+            freed: tokio::sync::Notify::new(),
         })
     }
 
@@ -40,7 +43,10 @@ impl ByteBudget {
     }
 
     fn give_back(&self, bytes: usize) {
-        self.taken.fetch_sub(bytes, Ordering::AcqRel);
+        if bytes > 0 {
+            self.taken.fetch_sub(bytes, Ordering::AcqRel);
+            self.freed.notify_waiters();
+        }
     }
 
     /// A holder of nothing yet.
@@ -81,6 +87,24 @@ impl Held {
     }
 }
 
+impl Held {
+    /// [`Held::resize`], waiting for room as long as it takes: bound the wait from outside.
+    pub async fn resize_when_room(&mut self, bytes: usize) {
+        let budget = Arc::clone(&self.budget);
+        loop {
+            // Registered before the attempt, so that room given back in between still
+            // wakes this holder.
+            let freed = budget.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.resize(bytes) {
+                return;
+            }
+            freed.await;
+        }
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         self.budget.give_back(self.bytes);
@@ -106,6 +130,25 @@ mod tests {
         let c = budget.try_hold(50);
         assert!(c.is_some());
         drop((a, b, c));
+        assert_eq!(budget.taken(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_holder_waiting_for_room_gets_it_when_another_gives_bytes_back() {
+        let budget = ByteBudget::new(10);
+        let mut full = budget.holder();
+        assert!(full.resize(10));
+        let mut waiting = budget.holder();
+        let wait = tokio::spawn(async move {
+            waiting.resize_when_room(6).await;
+            waiting
+        });
+        tokio::task::yield_now().await;
+        assert!(!wait.is_finished());
+        assert!(full.resize(4));
+        let waiting = wait.await.unwrap();
+        assert_eq!(budget.taken(), 10);
+        drop((full, waiting));
         assert_eq!(budget.taken(), 0);
     }
 

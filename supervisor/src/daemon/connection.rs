@@ -21,6 +21,10 @@ use crate::cancel::CancelSignal;
 /// Bytes read from a client at a time.
 const CHUNK_BYTES: usize = 16 * 1024;
 
+/// Bytes each connection reads without the input budget: a request that fits (a health
+/// check, a cancel, most calls) is read however full others keep the budget.
+const ALLOWANCE: usize = CHUNK_BYTES;
+
 /// Answers queued per connection beyond the output budget's bytes: a client that does not
 /// read fills this, and then its connection is not read either.
 const QUEUED_ANSWERS: usize = 16;
@@ -292,19 +296,28 @@ async fn read_requests(conn: &Conn, reader: &mut tokio::net::unix::OwnedReadHalf
     }
 }
 
-/// Answers a request the input budget has no room for, once, with a hint to retry.
-async fn input_spent(shared: &Shared, answers: &Answers) {
+/// Answers a request that did not arrive whole within `--read-timeout`: `overloaded` if
+/// it was waiting for room in the input budget, `invalid_request` if for its client.
+async fn unfinished(conn: &Conn, for_room: bool, reply: impl Fn(Value) -> Vec<u8>) {
+    let shared = &conn.shared;
     shared.stats.input_refused.fetch_add(1, Ordering::Relaxed);
-    let line = refusal_line(
-        &Value::Null,
-        "overloaded",
-        &format!(
-            "the daemon holds {} bytes of requests from its clients, its most; this connection is closed",
-            shared.input.total()
-        ),
-        Some(1000),
-    );
-    answers.send(line, None).await;
+    let timeout = shared.config.read_timeout;
+    let body = if for_room {
+        json!({"error": {
+            "kind": "overloaded",
+            "message": format!(
+                "the daemon holds {} bytes of requests from its clients, its most, and this request did not find room within {timeout:?}; it was dropped",
+                shared.input.total()
+            ),
+            "retry_after_ms": 1000,
+        }})
+    } else {
+        json!({"error": {
+            "kind": "invalid_request",
+            "message": format!("bad request: not received whole within {timeout:?}; it was dropped"),
+        }})
+    };
+    conn.answers.send(reply(body), None).await;
 }
 
 async fn serve_lines(
@@ -313,22 +326,28 @@ async fn serve_lines(
     mut buffer: Vec<u8>,
     mut held: Held,
 ) {
-    let (shared, answers) = (&conn.shared, &conn.answers);
-    let mut oversized = false;
+    let answers = &conn.answers;
+    // The rest of the current line is read and dropped: it was refused already.
+    let mut skipping = false;
     // Bytes of `buffer` already known to hold no newline.
     let mut scanned = 0;
+    // When the unfinished line in `buffer` must be whole.
+    let mut deadline: Option<tokio::time::Instant> = None;
     loop {
         while let Some(pos) = buffer[scanned..].iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buffer.drain(..=scanned + pos).collect();
             scanned = 0;
-            if std::mem::take(&mut oversized) {
+            deadline = None;
+            if std::mem::take(&mut skipping) {
                 continue;
             }
             handle_json_line(conn, &line).await;
         }
         scanned = buffer.len();
-        if buffer.len() > MAX_REQUEST_BYTES {
-            // Answer once, then discard the rest of this line.
+        if skipping {
+            buffer.clear();
+            scanned = 0;
+        } else if buffer.len() > MAX_REQUEST_BYTES {
             let line = refusal_line(
                 &super::wire::leading_id(&buffer),
                 "invalid_request",
@@ -338,21 +357,37 @@ async fn serve_lines(
             answers.send(line, None).await;
             buffer = Vec::new();
             scanned = 0;
-            oversized = true;
+            skipping = true;
+        }
+        if !buffer.is_empty() && deadline.is_none() {
+            deadline = Some(tokio::time::Instant::now() + conn.shared.config.read_timeout);
         }
         // A long line's buffer is not kept once the line is done, nor an empty one while
         // the client is quiet (see `read_when_ready`).
         if buffer.is_empty() {
             buffer = Vec::new();
+            deadline = None;
         } else if buffer.capacity() > CHUNK_BYTES && buffer.len() <= CHUNK_BYTES {
             buffer.shrink_to(CHUNK_BYTES);
         }
-        match read_when_ready(reader, &mut buffer, &mut held, 0).await {
+        match read_when_ready(reader, &mut buffer, &mut held, 0, deadline).await {
             Read::More => {}
             Read::End => return,
-            Read::OverBudget => {
-                input_spent(shared, answers).await;
-                return;
+            Read::Expired { for_room } => {
+                let id = super::wire::leading_id(&buffer);
+                unfinished(conn, for_room, move |mut body| {
+                    body["id"] = id.clone();
+                    format!("{body}\n").into_bytes()
+                })
+                .await;
+                // The rest of the line is dropped as it comes; the connection stays.
+                buffer = Vec::new();
+                scanned = 0;
+                deadline = None;
+                skipping = true;
+                if !held.resize(0) {
+                    return;
+                }
             }
         }
     }
@@ -364,30 +399,55 @@ enum Read {
     More,
     /// End of stream or a read error.
     End,
-    /// The input budget has no room for the read buffer.
-    OverBudget,
+    /// The unfinished request's deadline passed, waiting for room in the input budget
+    /// (`for_room`) or for the client.
+    Expired { for_room: bool },
+}
+
+/// `work`, or `None` once `deadline` has passed.
+async fn within<F: std::future::Future>(
+    deadline: Option<tokio::time::Instant>,
+    work: F,
+) -> Option<F::Output> {
+    match deadline {
+        None => Some(work.await),
+        Some(deadline) => tokio::time::timeout_at(deadline, work).await.ok(),
+    }
 }
 
 /// Waits until the client sends something and only then makes room in `buffer` and reads
-/// into it, holding `buffer`'s capacity plus `other_bytes` against the input budget. So a
-/// quiet connection (a client waiting for its calls' answers) holds no read buffer: with
-/// a 16 KiB buffer each, ~1,000 waiting connections spent the default 16 MiB budget and
-/// the next calls were refused, far below `--max-concurrent`.
+/// into it, holding `buffer`'s capacity plus `other_bytes`, less the connection's
+/// [`ALLOWANCE`], against the input budget; when the budget has no room it waits for some.
+/// So a quiet connection (a client waiting for its calls' answers) holds no read buffer:
+/// with a 16 KiB buffer each, ~1,000 waiting connections spent the default 16 MiB budget
+/// and the next calls were refused, far below `--max-concurrent`. `deadline` bounds every
+/// wait while a request is unfinished: what a client has half sent is held at most
+/// `--read-timeout`, so room is always given back.
 async fn read_when_ready(
     reader: &mut tokio::net::unix::OwnedReadHalf,
     buffer: &mut Vec<u8>,
     held: &mut Held,
     other_bytes: usize,
+    deadline: Option<tokio::time::Instant>,
 ) -> Read {
-    if !held.resize(buffer.capacity() + other_bytes) {
-        return Read::OverBudget;
+    let counted = |capacity: usize| (capacity + other_bytes).saturating_sub(ALLOWANCE);
+    if within(deadline, held.resize_when_room(counted(buffer.capacity())))
+        .await
+        .is_none()
+    {
+        return Read::Expired { for_room: true };
     }
-    if reader.readable().await.is_err() {
-        return Read::End;
+    match within(deadline, reader.readable()).await {
+        None => return Read::Expired { for_room: false },
+        Some(Err(_)) => return Read::End,
+        Some(Ok(())) => {}
     }
     buffer.reserve(CHUNK_BYTES);
-    if !held.resize(buffer.capacity() + other_bytes) {
-        return Read::OverBudget;
+    if within(deadline, held.resize_when_room(counted(buffer.capacity())))
+        .await
+        .is_none()
+    {
+        return Read::Expired { for_room: true };
     }
     match reader.try_read_buf(buffer) {
         Ok(0) => Read::End,
@@ -403,8 +463,9 @@ async fn serve_frames(
     mut pending: Vec<u8>,
     mut held: Held,
 ) {
-    let (shared, answers) = (&conn.shared, &conn.answers);
     let mut decoder = airlock_protocol::FrameDecoder::with_max_frame_bytes(MAX_REQUEST_BYTES);
+    // When the partial frame in the decoder must be whole.
+    let mut deadline: Option<tokio::time::Instant> = None;
     loop {
         let mut input: &[u8] = &pending;
         let mut requests = Vec::new();
@@ -438,11 +499,25 @@ async fn serve_frames(
         if broken {
             return;
         }
-        match read_when_ready(reader, &mut pending, &mut held, decoder.buffer_capacity()).await {
+        if decoder.is_at_frame_boundary() {
+            deadline = None;
+        } else if deadline.is_none() {
+            deadline = Some(tokio::time::Instant::now() + conn.shared.config.read_timeout);
+        }
+        let other = decoder.buffer_capacity();
+        match read_when_ready(reader, &mut pending, &mut held, other, deadline).await {
             Read::More => {}
             Read::End => return,
-            Read::OverBudget => {
-                input_spent(shared, answers).await;
+            Read::Expired { for_room } => {
+                // A frame cannot be skipped without reading it: the connection ends.
+                unfinished(conn, for_room, |body| {
+                    let response = FrameResponse {
+                        id: 0,
+                        body_json: body.to_string(),
+                    };
+                    airlock_protocol::frame::encode_frame(&response).unwrap_or_default()
+                })
+                .await;
                 return;
             }
         }

@@ -121,6 +121,9 @@ pub struct DaemonConfig {
     /// A connection whose client takes no bytes of an answer for this long is closed and
     /// its calls cancelled.
     pub write_timeout: Duration,
+    /// A request must arrive whole within this long of its first byte; one that does not
+    /// is answered and dropped, so that nothing half sent holds the input budget longer.
+    pub read_timeout: Duration,
     /// Where to answer Prometheus scrapes (`GET /metrics`), if anywhere.
     pub metrics: Option<MetricsListen>,
 }
@@ -144,6 +147,7 @@ impl DaemonConfig {
             max_input_bytes: 16 << 20,
             max_output_bytes: 16 << 20,
             write_timeout: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(10),
             metrics: None,
         }
     }
@@ -161,7 +165,9 @@ struct Stats {
     overloaded: AtomicU64,
     /// Connections closed because their client took no answer bytes for `write_timeout`.
     closed_unread: AtomicU64,
-    /// Requests refused because the input budget was spent.
+    /// Requests dropped because they did not arrive whole within `read_timeout` (waiting
+    /// for their client, or for room in the input budget), and calls refused because the
+    /// budget had no room for their arguments.
     input_refused: AtomicU64,
 }
 

@@ -37,32 +37,35 @@ input = {{ type = "object" }}
     )
 }
 
-fn start(extra: &[&str]) -> Daemon {
+pub(super) fn start(extra: &[&str]) -> Daemon {
     Daemon::start_with(&policy(), extra)
 }
 
-fn connect(daemon: &Daemon) -> Client {
+pub(super) fn connect(daemon: &Daemon) -> Client {
     Client::connect(&daemon.socket)
 }
 
-fn stats(daemon: &Daemon) -> Value {
+pub(super) fn stats(daemon: &Daemon) -> Value {
     connect(daemon).ask(json!({"id": "s", "op": "stats"}))["result"].clone()
 }
 
 /// A JSON-lines client.
-struct Client {
-    stream: UnixStream,
+pub(super) struct Client {
+    pub(super) stream: UnixStream,
     reader: BufReader<UnixStream>,
 }
 
 impl Client {
     fn connect(socket: &Path) -> Self {
-        let stream = UnixStream::connect(socket).unwrap();
+        Self::from_stream(UnixStream::connect(socket).unwrap())
+    }
+
+    pub(super) fn from_stream(stream: UnixStream) -> Self {
         let reader = BufReader::new(stream.try_clone().unwrap());
         Self { stream, reader }
     }
 
-    fn send(&mut self, request: &Value) {
+    pub(super) fn send(&mut self, request: &Value) {
         self.stream
             .write_all(format!("{request}\n").as_bytes())
             .unwrap();
@@ -70,7 +73,7 @@ impl Client {
 
     /// The next answer; `None` once the daemon closed the connection (perhaps in the middle
     /// of an answer it then never finished).
-    fn next(&mut self) -> Option<Value> {
+    pub(super) fn next(&mut self) -> Option<Value> {
         let mut line = String::new();
         match self.reader.read_line(&mut line) {
             Ok(_) if line.ends_with('\n') => Some(serde_json::from_str(&line).unwrap()),
@@ -78,7 +81,7 @@ impl Client {
         }
     }
 
-    fn ask(&mut self, request: Value) -> Value {
+    pub(super) fn ask(&mut self, request: Value) -> Value {
         self.send(&request);
         self.next().unwrap()
     }
@@ -98,7 +101,7 @@ impl Client {
     }
 }
 
-fn call(id: impl Into<Value>, tool: &str, arguments: Value) -> Value {
+pub(super) fn call(id: impl Into<Value>, tool: &str, arguments: Value) -> Value {
     json!({"id": id.into(), "op": "call", "tool": tool, "arguments": arguments})
 }
 
@@ -108,7 +111,14 @@ fn hostile_clients_cannot_grow_the_daemon_past_its_ceiling_and_a_polite_client_i
     if !sandbox_available() {
         return;
     }
-    let daemon = start(&["--max-concurrent", "4", "--write-timeout", "2s"]);
+    let daemon = start(&[
+        "--max-concurrent",
+        "4",
+        "--write-timeout",
+        "2s",
+        "--read-timeout",
+        "2s",
+    ]);
     assert_eq!(
         connect(&daemon).ask(json!({"id": 0, "op": "health"}))["result"]["ok"],
         true

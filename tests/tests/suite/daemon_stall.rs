@@ -1,0 +1,71 @@
+//! The daemon against clients that stall half way through a request: what they half sent
+//! is dropped after `--read-timeout`, and meanwhile other clients' requests are still read
+//! and their calls left running.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+
+use airlock_tests::{sandbox_available, wait_until};
+use serde_json::json;
+
+use super::daemon_hostile::{call, connect, start, stats};
+
+#[test]
+fn half_sent_requests_are_dropped_after_the_read_timeout_and_never_lock_out_a_polite_client() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = start(&["--max-input", "4MiB", "--read-timeout", "2s"]);
+    let mut polite = connect(&daemon);
+    polite.send(&call("running", "sleep", json!({"seconds": "2"})));
+    // Three lines of almost the largest request each, never ended: more than the whole
+    // input budget between them.
+    let partial = format!(
+        r#"{{"id":"half","op":"call","tool":"echo","arguments":{{"text":"{}"#,
+        "x".repeat((2 << 20) - 100)
+    );
+    let mut stalled: Vec<UnixStream> = (0..3)
+        .map(|_| {
+            let mut stream = UnixStream::connect(&daemon.socket).unwrap();
+            stream.write_all(partial.as_bytes()).unwrap();
+            stream
+        })
+        .collect();
+    wait_until("the half-sent lines fill the input budget", || {
+        let held = stats(&daemon)["input_bytes"].as_u64().unwrap();
+        held + (64 << 10) >= 4 << 20
+    });
+    // A small request from a polite client is read all the same, and its call goes on.
+    polite.send(&json!({"id": "h", "op": "health"}));
+    let mut answers: Vec<_> = (0..2).map(|_| polite.next().unwrap()).collect();
+    answers.sort_by_key(|answer| answer["id"].to_string());
+    assert_eq!(answers[0]["id"], "h", "{answers:?}");
+    assert_eq!(answers[0]["result"]["ok"], true, "{answers:?}");
+    assert_eq!(answers[1]["id"], "running", "{answers:?}");
+    assert_eq!(answers[1]["result"]["ok"], true, "{answers:?}");
+    // Each stalled request is answered by its id and dropped; its connection stays open.
+    for stream in &mut stalled {
+        let mut client = super::daemon_hostile::Client::from_stream(stream.try_clone().unwrap());
+        let answer = client.next().unwrap();
+        assert_eq!(answer["id"], "half", "{answer}");
+        let kind = answer["error"]["kind"].as_str().unwrap();
+        assert!(
+            kind == "invalid_request" || kind == "overloaded",
+            "{answer}"
+        );
+        // What follows on the line is dropped; the next line is a request again.
+        stream.write_all(b"xyz\n").unwrap();
+        let again = client.ask(json!({"id": "after", "op": "health"}));
+        assert_eq!(again["result"]["ok"], true, "{again}");
+    }
+    wait_until("the budget is given back", || {
+        stats(&daemon)["input_bytes"].as_u64().unwrap() <= 64 << 10
+    });
+    assert!(stats(&daemon)["input_refused"].as_u64().unwrap() >= 3);
+    // And a request larger than the allowance finds room again.
+    let text = "y".repeat(100_000);
+    let answer = polite.ask(call("large", "echo", json!({ "text": text })));
+    assert_eq!(answer["result"]["ok"], true, "{answer}");
+}
