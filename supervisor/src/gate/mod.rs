@@ -651,7 +651,7 @@ impl Gate {
             .await;
             result.attempts = attempts;
             if let Some(in_session) = &in_session {
-                in_session.finish(&mut result);
+                in_session.finish(&mut result).await;
             }
             crate::call::check_output(tool, &mut result);
             match &result.error {

@@ -1,7 +1,7 @@
 //! A workspace against its base: the copy made when a session opens (where no overlay
 //! shows the base), and what a tool added, modified and deleted since.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::BorrowedFd;
 
@@ -35,10 +35,11 @@ pub struct Change {
 /// Why a base could not be copied.
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {
-    /// Reading the base failed (or it holds more entries than the workspace may).
+    /// Reading a symlink of the base failed.
     #[error("reading the base: {0}")]
     Base(#[source] io::Error),
-    /// A file of the base cannot be read as one.
+    /// A file of the base cannot be read as one, or the base is past a walk's bounds
+    /// (more entries than the workspace may hold, a path too long).
     #[error("reading the base: {0}")]
     BaseFile(#[source] tree::ReadError),
     /// Writing the copy failed.
@@ -56,7 +57,7 @@ pub fn copy_base(
     max_entries: u64,
     max_bytes: u64,
 ) -> Result<(), CopyError> {
-    let entries = tree::walk(base, max_entries).map_err(CopyError::Base)?;
+    let entries = tree::walk(base, max_entries).map_err(CopyError::BaseFile)?;
     for entry in entries {
         match entry.kind {
             Kind::Dir => {
@@ -81,56 +82,56 @@ pub fn copy_base(
 }
 
 /// What differs between `workspace` and `base` (every file, without a base): paths that
-/// are not directories, in path order.
+/// are not directories, in path order. A tree past a walk's bounds is an error
+/// ([`tree::ReadError::TreeTooLarge`]), never a shortened list a client could take as all.
 pub fn changes(
     workspace: BorrowedFd<'_>,
     base: Option<BorrowedFd<'_>>,
     max_entries: u64,
-) -> io::Result<Vec<Change>> {
+) -> Result<Vec<Change>, tree::ReadError> {
     let now = files(workspace, max_entries)?;
     let mut before = match base {
         Some(base) => files(base, max_entries)?,
         None => BTreeMap::new(),
     };
-    // A copy leaves out the base's FIFOs, sockets and devices and an overlay shows them
-    // as they are: either way, not changes of the tool.
-    let special: BTreeSet<String> = before
-        .iter()
-        .filter(|(_, e)| e.kind == Kind::Other)
-        .map(|(path, _)| path.clone())
-        .collect();
-    before.retain(|_, e| e.kind != Kind::Other);
     let mut out = Vec::new();
-    for (path, entry) in &now {
-        if entry.kind == Kind::Other && special.contains(path) {
-            continue;
-        }
-        let kind = match before.get(path) {
+    for (path, entry) in now {
+        // A copy leaves out the base's FIFOs, sockets and devices and an overlay shows
+        // them as they are: either way, not changes of the tool.
+        let kind = match before.remove(&path) {
             None => Some(ChangeKind::Added),
-            Some(old) if differs(workspace, entry, base, old) => Some(ChangeKind::Modified),
+            Some(old) if old.kind == Kind::Other && entry.kind == Kind::Other => None,
+            Some(old) if old.kind == Kind::Other => Some(ChangeKind::Added),
+            Some(old) if differs(workspace, &entry, base, &old) => Some(ChangeKind::Modified),
             Some(_) => None,
         };
         if let Some(kind) = kind {
             out.push(Change {
-                path: path.clone(),
+                path,
                 kind,
                 size: entry.size,
             });
         }
     }
-    for path in before.keys().filter(|p| !now.contains_key(*p)) {
-        out.push(Change {
-            path: path.clone(),
-            kind: ChangeKind::Deleted,
-            size: 0,
-        });
+    for (path, old) in before {
+        if old.kind != Kind::Other {
+            out.push(Change {
+                path,
+                kind: ChangeKind::Deleted,
+                size: 0,
+            });
+        }
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
 }
 
-/// The entries of a tree that are not directories, by path.
-fn files(root: BorrowedFd<'_>, max_entries: u64) -> io::Result<BTreeMap<String, Entry>> {
+/// The entries of a tree that are not directories, by path (each entry keeps its own
+/// copy of the path: the walk's bounds cap both).
+fn files(
+    root: BorrowedFd<'_>,
+    max_entries: u64,
+) -> Result<BTreeMap<String, Entry>, tree::ReadError> {
     Ok(tree::walk(root, max_entries)?
         .into_iter()
         .filter(|e| e.kind != Kind::Dir)

@@ -61,6 +61,15 @@ pub enum SessionError {
         /// The operation.
         op: &'static str,
     },
+    /// The workspace (or its base) is past what the supervisor walks: more entries, a
+    /// longer path or more bytes of paths than it collects in one walk.
+    #[error("{op}: {reason}")]
+    TooLarge {
+        /// The operation.
+        op: &'static str,
+        /// Which bound it passed.
+        reason: String,
+    },
     /// A bad argument: a path, a base, a size; or a file that cannot be read as one.
     #[error("{op}: {reason}")]
     Invalid {
@@ -86,7 +95,7 @@ impl SessionError {
         match self {
             SessionError::Unknown { .. } => "session_unknown",
             SessionError::Limit { .. } => "session_limit",
-            SessionError::Full { .. } => "workspace_full",
+            SessionError::Full { .. } | SessionError::TooLarge { .. } => "workspace_full",
             SessionError::Invalid { .. } => "invalid_request",
             SessionError::Storage { .. } => "sandbox_unavailable",
         }
@@ -548,7 +557,17 @@ impl Sessions {
             base.as_ref().map(AsFd::as_fd),
             session.inodes.saturating_mul(2),
         )
-        .map_err(SessionError::storage(OP))
+        .map_err(|e| match e {
+            tree::ReadError::TreeTooLarge(reason) => SessionError::TooLarge {
+                op: OP,
+                reason: format!("the workspace or its base is too large to list: {reason}"),
+            },
+            tree::ReadError::Io(source) => SessionError::Storage { op: OP, source },
+            other => SessionError::Storage {
+                op: OP,
+                source: io::Error::other(other.to_string()),
+            },
+        })
     }
 
     /// Closes the session: its files, directory and mount are gone when this returns (a
@@ -799,7 +818,7 @@ pub struct SessionCall {
 
 impl SessionCall {
     /// Makes a call that ran out of room in the workspace a typed `workspace_full`.
-    pub fn finish(&self, result: &mut ToolResult) {
+    pub async fn finish(&self, result: &mut ToolResult) {
         if let Some(isolation) = &mut result.isolation {
             isolation.workspace = Some(self.session.isolation.to_string());
         }
@@ -813,7 +832,10 @@ impl SessionCall {
         if !tool_outcome {
             return;
         }
-        let Ok(usage) = self.session.storage.usage() else {
+        // Unprivileged, the usage is a walk of the whole workspace: not on a runtime thread.
+        let session = Arc::clone(&self.session);
+        let Ok(Ok(usage)) = tokio::task::spawn_blocking(move || session.storage.usage()).await
+        else {
             return;
         };
         let over = usage.full && !result.ok

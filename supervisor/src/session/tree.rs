@@ -23,6 +23,12 @@ pub const MAX_PATH_BYTES: usize = 1024;
 const MAX_COMPONENTS: usize = 64;
 /// Deepest directory a walk descends into.
 const MAX_DEPTH: usize = 128;
+/// Most bytes of paths one walk collects. Without it a tool could make each of a walk's
+/// entries a path of ~33 KB (128 nested directories of 255-byte names) and one walk hold
+/// gigabytes; with [`MAX_PATH_BYTES`] per path it still could at a large `max_inodes`. Real
+/// paths average well under 100 bytes: 16 MiB holds over 160,000 of them, more than twice
+/// the default `max_inodes`.
+pub const MAX_WALK_PATH_BYTES: usize = 16 << 20;
 
 /// What may be crossed on the way to a name beneath a root: nothing but plain directories
 /// of the same mount.
@@ -125,78 +131,121 @@ pub struct Entry {
 }
 
 /// Every entry beneath `root` (not the root itself), parents before children, in name
-/// order. At most `limit` entries: a tree with more is an error.
-pub fn walk(root: BorrowedFd<'_>, limit: u64) -> io::Result<Vec<Entry>> {
-    let mut out = Vec::new();
-    walk_into(root, "", 0, limit, &mut out)?;
-    Ok(out)
+/// order. At most `limit` entries, none with a path over [`MAX_PATH_BYTES`] and
+/// [`MAX_WALK_PATH_BYTES`] of paths in all: a tree past any of them is
+/// [`ReadError::TreeTooLarge`], never a shortened list.
+pub fn walk(root: BorrowedFd<'_>, limit: u64) -> Result<Vec<Entry>, ReadError> {
+    walk_within(root, limit, MAX_WALK_PATH_BYTES)
 }
 
-fn walk_into(
-    dir: BorrowedFd<'_>,
-    prefix: &str,
-    depth: usize,
+/// [`walk`] with a budget of `path_bytes` bytes of paths.
+fn walk_within(
+    root: BorrowedFd<'_>,
     limit: u64,
-    out: &mut Vec<Entry>,
-) -> io::Result<()> {
-    if depth > MAX_DEPTH {
-        return Err(io::Error::other(format!(
-            "{prefix}: deeper than {MAX_DEPTH} directories"
-        )));
-    }
-    let listing = open_beneath(
-        dir,
-        ".",
-        OFlag::O_DIRECTORY | OFlag::O_RDONLY,
-        Mode::empty(),
-    )?;
-    let mut names: Vec<Vec<u8>> = Vec::new();
-    let mut listing = nix::dir::Dir::from_fd(listing)?;
-    for entry in listing.iter() {
-        let entry = entry?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            names.push(name.to_vec());
-        }
-    }
-    names.sort();
-    for name in names {
-        let Ok(text) = String::from_utf8(name) else {
-            return Err(io::Error::other(format!(
-                "{prefix}: a name is not UTF-8 and cannot be reported"
-            )));
-        };
-        let stat = fstatat(dir, text.as_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)?;
-        let kind = Kind::of(&stat);
-        let path = if prefix.is_empty() {
-            text.clone()
-        } else {
-            format!("{prefix}/{text}")
-        };
-        out.push(Entry {
-            path: path.clone(),
-            kind,
-            size: u64::try_from(stat.st_size).unwrap_or(0),
-            mode: stat.st_mode & 0o7777,
-            identity: (stat.st_dev, stat.st_ino),
-        });
-        if u64::try_from(out.len()).unwrap_or(u64::MAX) > limit {
-            return Err(io::Error::other(format!("more than {limit} entries")));
-        }
-        if kind == Kind::Dir {
-            let sub = open_beneath(
-                dir,
-                &text,
-                OFlag::O_DIRECTORY | OFlag::O_RDONLY,
-                Mode::empty(),
-            )?;
-            walk_into(sub.as_fd(), &path, depth + 1, limit, out)?;
-        }
-    }
-    Ok(())
+    path_bytes: usize,
+) -> Result<Vec<Entry>, ReadError> {
+    let mut walk = Walk {
+        limit,
+        path_bytes,
+        out: Vec::new(),
+    };
+    walk.dir(root, "", 0)?;
+    Ok(walk.out)
 }
 
-/// Why a file could not be read.
+/// A walk's bounds and what it has collected.
+struct Walk {
+    limit: u64,
+    /// Bytes of paths it may still collect.
+    path_bytes: usize,
+    out: Vec<Entry>,
+}
+
+impl Walk {
+    fn dir(&mut self, dir: BorrowedFd<'_>, prefix: &str, depth: usize) -> Result<(), ReadError> {
+        if depth > MAX_DEPTH {
+            return Err(ReadError::TreeTooLarge(format!(
+                "it is deeper than {MAX_DEPTH} directories"
+            )));
+        }
+        let listing = open_beneath(
+            dir,
+            ".",
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .map_err(io::Error::from)?;
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        let mut listing = nix::dir::Dir::from_fd(listing).map_err(io::Error::from)?;
+        for entry in listing.iter() {
+            let entry = entry.map_err(io::Error::from)?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                names.push(name.to_vec());
+            }
+        }
+        names.sort();
+        for name in names {
+            let Ok(text) = String::from_utf8(name) else {
+                return Err(ReadError::Io(io::Error::other(format!(
+                    "{prefix}: a name is not UTF-8 and cannot be reported"
+                ))));
+            };
+            // Bounded before the path is made: neither one path nor all of them together
+            // may grow past what the walk allows.
+            let len = if prefix.is_empty() {
+                text.len()
+            } else {
+                prefix.len() + 1 + text.len()
+            };
+            if len > MAX_PATH_BYTES {
+                return Err(ReadError::TreeTooLarge(format!(
+                    "it holds a path over {MAX_PATH_BYTES} bytes"
+                )));
+            }
+            let Some(left) = self.path_bytes.checked_sub(len) else {
+                return Err(ReadError::TreeTooLarge(format!(
+                    "its paths are over {MAX_WALK_PATH_BYTES} bytes together"
+                )));
+            };
+            self.path_bytes = left;
+            let stat = fstatat(dir, text.as_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(io::Error::from)?;
+            let kind = Kind::of(&stat);
+            let path = if prefix.is_empty() {
+                text.clone()
+            } else {
+                format!("{prefix}/{text}")
+            };
+            if u64::try_from(self.out.len()).unwrap_or(u64::MAX) >= self.limit {
+                return Err(ReadError::TreeTooLarge(format!(
+                    "it holds more than {} entries",
+                    self.limit
+                )));
+            }
+            self.out.push(Entry {
+                path: path.clone(),
+                kind,
+                size: u64::try_from(stat.st_size).unwrap_or(0),
+                mode: stat.st_mode & 0o7777,
+                identity: (stat.st_dev, stat.st_ino),
+            });
+            if kind == Kind::Dir {
+                let sub = open_beneath(
+                    dir,
+                    &text,
+                    OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+                    Mode::empty(),
+                )
+                .map_err(io::Error::from)?;
+                self.dir(sub.as_fd(), &path, depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a file or a tree could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// Not there, or a symlink, FIFO, device or directory on the way or at the end.
@@ -205,6 +254,9 @@ pub enum ReadError {
     /// Larger than the caller takes.
     #[error("the file is over {0} bytes")]
     TooLarge(u64),
+    /// A walked tree past one of the walk's bounds (what is past it is said).
+    #[error("the tree is too large to walk: {0}")]
+    TreeTooLarge(String),
     /// Reading failed.
     #[error(transparent)]
     Io(#[from] io::Error),
@@ -577,6 +629,81 @@ mod tests {
         assert!(matches!(
             read_file(root, "sub/new/file", 16),
             Err(ReadError::Refused(_))
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Makes `count` nested directories named `name` beneath `root`; the deepest.
+    fn nest(root: BorrowedFd<'_>, name: &str, count: usize) -> OwnedFd {
+        let mut dir = open_beneath(
+            root,
+            ".",
+            OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .unwrap();
+        for _ in 0..count {
+            mkdirat(&dir, name, Mode::from_bits_truncate(0o755)).unwrap();
+            dir = open_beneath(
+                dir.as_fd(),
+                name,
+                OFlag::O_DIRECTORY | OFlag::O_RDONLY,
+                Mode::empty(),
+            )
+            .unwrap();
+        }
+        dir
+    }
+
+    fn touch_many(dir: BorrowedFd<'_>, count: usize, name_len: usize) {
+        for i in 0..count {
+            let name = format!("{i:0>name_len$}");
+            open_beneath(
+                dir,
+                &name,
+                OFlag::O_WRONLY | OFlag::O_CREAT,
+                Mode::from_bits_truncate(0o644),
+            )
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_walk_refuses_long_paths_and_bounds_the_bytes_it_collects() {
+        let dir = std::env::temp_dir().join(format!("airlock-walk-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("deep")).unwrap();
+        std::fs::create_dir_all(dir.join("wide")).unwrap();
+
+        // 128 nested directories of 255-byte names, many empty files at the bottom: each
+        // path ~33 KB. The walk stops at the first path over the limit the file ops use.
+        let deep = open_root(&dir.join("deep")).unwrap();
+        let bottom = nest(deep.as_fd(), &"d".repeat(255), 128);
+        touch_many(bottom.as_fd(), 500, 255);
+        match walk(deep.as_fd(), u64::MAX) {
+            Err(ReadError::TreeTooLarge(reason)) => {
+                assert!(reason.contains("path over 1024 bytes"), "{reason}");
+            }
+            other => panic!("a 33 KB path was walked: {:?}", other.map(|e| e.len())),
+        }
+
+        // Paths within the limit, but more bytes of them together than the budget: an
+        // error, not a shortened list; within the budget the same tree is walked whole.
+        let wide = open_root(&dir.join("wide")).unwrap();
+        let bottom = nest(wide.as_fd(), &"w".repeat(200), 3);
+        touch_many(bottom.as_fd(), 100, 200);
+        let per_file = 4 * 200 + 3;
+        let collected = |entries: &[Entry]| entries.iter().map(|e| e.path.len()).sum::<usize>();
+        let whole = walk_within(wide.as_fd(), u64::MAX, 103 * per_file).unwrap();
+        assert_eq!(whole.len(), 103);
+        assert!(collected(&whole) <= 103 * per_file);
+        assert!(matches!(
+            walk_within(wide.as_fd(), u64::MAX, 50 * per_file),
+            Err(ReadError::TreeTooLarge(reason)) if reason.contains("bytes together")
+        ));
+        assert!(matches!(
+            walk(wide.as_fd(), 102),
+            Err(ReadError::TreeTooLarge(reason)) if reason.contains("more than 102 entries")
         ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
