@@ -15,7 +15,10 @@
 
 mod changes;
 mod overlay;
+mod reserve;
 mod storage;
+#[cfg(test)]
+mod tests;
 mod tree;
 mod workers;
 
@@ -141,6 +144,8 @@ pub struct Sessions {
     state: StateDir,
     clock: Arc<dyn Clock>,
     open: Mutex<HashMap<String, Arc<Session>>>,
+    /// Opens making their storage now: counted against `max_sessions` with `open`.
+    opening: std::sync::atomic::AtomicUsize,
     /// Closed sessions whose files could not all be removed yet (a call still writing in
     /// an unprivileged workspace): every sweep tries again.
     leftovers: Mutex<Vec<Arc<Session>>>,
@@ -212,6 +217,7 @@ impl Sessions {
             state,
             clock,
             open: Mutex::new(HashMap::new()),
+            opening: std::sync::atomic::AtomicUsize::new(0),
             leftovers: Mutex::new(Vec::new()),
             mappings: overlay::Mappings::default(),
             ended: Mutex::new(EndedSessions::default()),
@@ -290,16 +296,16 @@ impl Sessions {
                 source: io::Error::other("the OS random source is unavailable"),
             });
         };
-        // Counted in the table before the (slow) copy, so concurrent opens cannot pass
-        // the limit together; the entry becomes usable once the copy is done.
-        {
+        // A place is held before the (slow) storage is made, so concurrent opens cannot
+        // pass the limit together; it is given back however this returns.
+        let _reservation = {
             let table = self.table();
-            if table.len() >= policy.max_sessions {
-                return Err(SessionError::Limit {
+            reserve::Reservation::take(&self.opening, table.len(), policy.max_sessions).ok_or(
+                SessionError::Limit {
                     max: policy.max_sessions,
-                });
-            }
-        }
+                },
+            )?
+        };
         let (storage, isolation) = self.make_storage(&name, base.as_ref(), policy, size)?;
         let now = self.clock.now();
         let session = Arc::new(Session {

@@ -1,0 +1,77 @@
+//! Sessions' bookkeeping against their storage: limits held while storage is made, and
+//! nothing left behind by an open that fails.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use airlock_policy::validate::SessionPolicy;
+
+use super::{SessionError, Sessions, reserve::Reservation};
+use crate::clock::SystemClock;
+
+/// A private directory for one test, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("airlock-session-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn sessions(state: &Path) -> Sessions {
+    Sessions::new(state, (65_534, 65_534), Arc::new(SystemClock)).unwrap()
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect()
+}
+
+#[test]
+fn an_open_in_progress_counts_against_max_sessions() {
+    let scratch = Scratch::new("reserve");
+    let state = scratch.0.join("state");
+    let sessions = sessions(&state);
+    let policy = SessionPolicy {
+        max_sessions: 1,
+        ..SessionPolicy::default()
+    };
+    // An open that has its place and is still making its storage, as when it copies a
+    // large base: a second open is refused before it makes anything.
+    let in_progress = Reservation::take(&sessions.opening, sessions.count(), 1).unwrap();
+    let refused = sessions.open(&policy, None, Some(1 << 20), 1 << 20);
+    assert!(
+        matches!(refused, Err(SessionError::Limit { max: 1 })),
+        "{refused:?}"
+    );
+    assert!(entries(&state).is_empty(), "the refused open made storage");
+    drop(in_progress);
+
+    // Its place back, an open succeeds; one that fails gives its place back too.
+    let bad = sessions.open(&policy, Some("/nonexistent-base"), Some(1 << 20), 1 << 20);
+    assert!(matches!(bad, Err(SessionError::Invalid { .. })), "{bad:?}");
+    let opened = sessions
+        .open(&policy, None, Some(1 << 20), 1 << 20)
+        .unwrap();
+    assert!(matches!(
+        sessions.open(&policy, None, Some(1 << 20), 1 << 20),
+        Err(SessionError::Limit { max: 1 })
+    ));
+    sessions.close(&opened.session).unwrap();
+    assert!(sessions.open(&policy, None, Some(1 << 20), 1 << 20).is_ok());
+    sessions.close_all();
+    assert!(entries(&state).is_empty());
+}
