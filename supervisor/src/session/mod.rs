@@ -359,7 +359,10 @@ impl Sessions {
                 .map_err(SessionError::storage(OP))
         };
         let mut storage = create()?;
+        // Whatever error this returns from, the mount and directory made go with it.
+        let mut removal = storage.removal();
         let Some(base) = base else {
+            removal.disarm();
             return Ok((storage, "empty"));
         };
         if let Some(owner) = self.state.owner {
@@ -367,19 +370,19 @@ impl Sessions {
             match overlay::mount(&storage.path, &base_fd, owner, &self.mappings) {
                 Ok(merged) => {
                     storage.workspace = merged;
+                    removal.disarm();
                     return Ok((storage, "overlay"));
                 }
                 Err(error) => {
                     tracing::info!(%error, "the base is copied: no overlay over it");
-                    storage.remove().map_err(SessionError::storage(OP))?;
+                    removal.remove_now().map_err(SessionError::storage(OP))?;
                     storage = create()?;
+                    removal = storage.removal();
                 }
             }
         }
-        if let Err(error) = self.copy_base(&storage, base, policy, size) {
-            let _ = storage.remove();
-            return Err(error);
-        }
+        self.copy_base(&storage, base, policy, size)?;
+        removal.disarm();
         Ok((storage, "copy"))
     }
 

@@ -192,9 +192,54 @@ impl Storage {
         Ok(usage.bytes.saturating_add(more) <= self.size && usage.inodes < self.inodes)
     }
 
+    /// A guard that removes this storage when dropped, unless disarmed.
+    pub(super) fn removal(&self) -> Removal {
+        Removal {
+            path: self.path.clone(),
+            mounted: self.mounted,
+            armed: true,
+        }
+    }
+
     /// Unmounts and removes the directory and everything in it.
     pub(super) fn remove(&self) -> io::Result<()> {
         remove(&self.path, self.mounted)
+    }
+}
+
+/// Removes a session's storage (mount and directory) when dropped, unless disarmed: an
+/// open holds one from the moment its storage exists, so that every error path it leaves
+/// by removes what it made.
+#[derive(Debug)]
+#[must_use]
+pub(super) struct Removal {
+    path: PathBuf,
+    mounted: bool,
+    armed: bool,
+}
+
+impl Removal {
+    /// The open succeeded: the storage stays.
+    pub(super) fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    /// Removes the storage now (an open going on with storage made afresh); on an error
+    /// the drop tries once more.
+    pub(super) fn remove_now(mut self) -> io::Result<()> {
+        remove(&self.path, self.mounted)?;
+        self.armed = false;
+        Ok(())
+    }
+}
+
+impl Drop for Removal {
+    fn drop(&mut self) {
+        if self.armed
+            && let Err(error) = remove(&self.path, self.mounted)
+        {
+            tracing::error!(%error, path = %self.path.display(), "the storage of a failed session_open is left for the next start to remove");
+        }
     }
 }
 

@@ -75,3 +75,36 @@ fn an_open_in_progress_counts_against_max_sessions() {
     sessions.close_all();
     assert!(entries(&state).is_empty());
 }
+
+/// Mount points under `dir` in this process's mount namespace.
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4).map(str::to_string))
+        .filter(|point| point.starts_with(&prefix))
+        .collect()
+}
+
+#[test]
+fn an_open_whose_base_cannot_be_opened_leaves_no_storage_or_mount() {
+    let scratch = Scratch::new("base-gone");
+    let state = scratch.0.join("state");
+    let sessions = sessions(&state);
+    let policy = SessionPolicy::default();
+    // A base that passed the check and was then removed (or swapped for a symlink)
+    // before the open reached it.
+    let gone = super::Base {
+        root: scratch.0.join("bases"),
+        rel: "project".into(),
+    };
+    let made = sessions.make_storage("gone", Some(&gone), &policy, 1 << 20);
+    assert!(made.is_err(), "a base that is not there was opened");
+    assert!(entries(&state).is_empty(), "{:?}", entries(&state));
+    assert!(
+        mounts_under(&state).is_empty(),
+        "{:?}",
+        mounts_under(&state)
+    );
+}
