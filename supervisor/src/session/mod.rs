@@ -13,6 +13,7 @@
 //! [`Sessions::keep_workers`]); otherwise its calls take the cold path. A session's profile
 //! is built once per (session, profile) and reused by its calls.
 
+mod base;
 mod changes;
 mod overlay;
 mod reserve;
@@ -25,7 +26,7 @@ mod workers;
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -33,6 +34,7 @@ use airlock_policy::CompiledProfile;
 use airlock_policy::validate::{SessionPolicy, ToolState};
 use serde::Serialize;
 
+use base::{Base, allowed_base};
 pub use changes::{Change, ChangeKind};
 use storage::{StateDir, Storage};
 use workers::SessionWorkers;
@@ -737,66 +739,6 @@ pub fn without_sessions(profile: &CompiledProfile) -> Result<Option<SessionCall>
             "this tool works in a session workspace, and this gate serves no sessions",
         ))),
     }
-}
-
-/// A session's base: a directory beneath one of the policy's bases, opened from that
-/// base's root on every use without following a symlink on the way (someone who can
-/// change the directories under a base cannot swap one for a link to elsewhere between
-/// the check and the copy).
-#[derive(Debug)]
-struct Base {
-    /// The policy's base, resolved when the session opened.
-    root: PathBuf,
-    /// The client's base relative to it (`.` for the base itself).
-    rel: String,
-}
-
-impl Base {
-    fn open(&self) -> io::Result<std::os::fd::OwnedFd> {
-        let root = tree::open_root(&self.root)?;
-        tree::open_beneath(
-            root.as_fd(),
-            &self.rel,
-            nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_RDONLY,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(io::Error::from)
-    }
-}
-
-/// Resolves a client's base to a directory under one of the policy's bases.
-fn allowed_base(policy: &SessionPolicy, base: &str) -> Result<Base, SessionError> {
-    const OP: &str = "session_open";
-    if !base.starts_with('/') || base.contains('\0') || base.len() > tree::MAX_PATH_BYTES {
-        return Err(SessionError::invalid(
-            OP,
-            "base must be an absolute host path",
-        ));
-    }
-    let canonical = std::fs::canonicalize(base)
-        .map_err(|_| SessionError::invalid(OP, "base does not exist"))?;
-    let found = policy.bases.iter().find_map(|allowed| {
-        let allowed = std::fs::canonicalize(allowed).ok()?;
-        let rel = canonical.strip_prefix(&allowed).ok()?;
-        let rel = match rel.to_str()? {
-            "" => ".".to_string(),
-            rel => rel.to_string(),
-        };
-        Some(Base { root: allowed, rel })
-    });
-    let Some(found) = found else {
-        return Err(SessionError::invalid(
-            OP,
-            "base is not under any of the policy's [sessions] bases",
-        ));
-    };
-    if found.open().is_err() {
-        return Err(SessionError::invalid(
-            OP,
-            "base is not a directory reachable without symlinks",
-        ));
-    }
-    Ok(found)
 }
 
 impl Session {

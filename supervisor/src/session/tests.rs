@@ -95,7 +95,7 @@ fn an_open_whose_base_cannot_be_opened_leaves_no_storage_or_mount() {
     let policy = SessionPolicy::default();
     // A base that passed the check and was then removed (or swapped for a symlink)
     // before the open reached it.
-    let gone = super::Base {
+    let gone = super::base::Base {
         root: scratch.0.join("bases"),
         rel: "project".into(),
     };
@@ -107,4 +107,44 @@ fn an_open_whose_base_cannot_be_opened_leaves_no_storage_or_mount() {
         "{:?}",
         mounts_under(&state)
     );
+}
+
+#[test]
+fn a_base_outside_the_policys_bases_is_refused_alike_whether_it_exists_or_not() {
+    let scratch = Scratch::new("oracle");
+    let bases = scratch.0.join("bases");
+    std::fs::create_dir_all(bases.join("project")).unwrap();
+    let sessions = sessions(&scratch.0.join("state"));
+    let policy = SessionPolicy {
+        bases: vec![bases.display().to_string()],
+        ..SessionPolicy::default()
+    };
+    let refusal = |base: &str| match sessions.open(&policy, Some(base), Some(1 << 20), 1 << 20) {
+        Err(error) => (error.kind(), error.to_string()),
+        Ok(opened) => panic!("{base} was opened: {opened:?}"),
+    };
+    let outside = refusal("/root");
+    for base in [
+        "/root/nonexistent-xyz",
+        "/etc/shadow",
+        "/nonexistent-xyz/deeper",
+    ] {
+        assert_eq!(refusal(base), outside, "{base}");
+    }
+    assert!(outside.1.contains("not under"), "{outside:?}");
+    // `..` is not resolved to find out where it leads: refused before any look.
+    let dotted = format!("{}/../../root", bases.display());
+    assert_eq!(refusal(&dotted).0, "invalid_request");
+    // Under an allowed base, what is not there is said so.
+    let missing = refusal(&format!("{}/missing", bases.display()));
+    assert!(missing.1.contains("does not exist"), "{missing:?}");
+    let opened = sessions
+        .open(
+            &policy,
+            Some(&format!("{}/project", bases.display())),
+            Some(1 << 20),
+            1 << 20,
+        )
+        .unwrap();
+    sessions.close(&opened.session).unwrap();
 }
