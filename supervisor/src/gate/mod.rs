@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use airlock_policy::rules::{Decision, Verdict, decide};
 use airlock_policy::schema::{InputError, InputLimits};
 use airlock_policy::validate::{SideEffect, ToolState};
-use airlock_policy::{CompiledPolicy, CompiledTool};
+use airlock_policy::{CompiledPolicy, CompiledProfile, CompiledTool};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
@@ -29,7 +29,7 @@ use crate::rate::RateState;
 use crate::result::{ErrorKind, InputViolation, ToolError, ToolResult};
 use crate::sandbox::{SandboxRun, Supervisor};
 use crate::serial::Lanes;
-use crate::session::Sessions;
+use crate::session::{SessionCall, Sessions};
 pub use dry_run::DryRun;
 
 mod dry_run;
@@ -557,10 +557,15 @@ impl Gate {
             prepared,
             verdict,
         } = admitted;
+        let entered = match self.enter_session(&call, opts, &prepared) {
+            Ok(entered) => entered,
+            Err(result) => return result,
+        };
         if let Err(result) = self.check_rates(&call, opts, &prepared) {
             return self.refused(opts, result);
         }
-        self.execute_prepared(&call, opts, prepared, verdict).await
+        self.execute_prepared(&call, opts, prepared, verdict, entered)
+            .await
     }
 
     async fn execute_prepared(
@@ -569,6 +574,7 @@ impl Gate {
         opts: &CallOptions,
         prepared: Prepared,
         verdict: Verdict,
+        (profile, in_session): (Arc<CompiledProfile>, Option<SessionCall>),
     ) -> ToolResult {
         let tool = &prepared.tool;
         let timeout = opts
@@ -604,27 +610,7 @@ impl Gate {
         }
         self.emit(called);
 
-        let Some(profile) = prepared.policy.profiles.get(&tool.tool.profile) else {
-            return rejected(
-                call,
-                ToolError::new(
-                    ErrorKind::SandboxUnavailable,
-                    "the tool's profile is missing",
-                ),
-            );
-        };
-        // A profile with a workspace runs in the named session's (on the cold path).
-        let in_session = match &self.sessions {
-            Some(sessions) => {
-                sessions.enter(&prepared.policy.sessions, opts.session.as_deref(), profile)
-            }
-            None => crate::session::without_sessions(profile),
-        };
-        let in_session = match in_session {
-            Ok(in_session) => in_session,
-            Err(error) => return rejected(call, *error),
-        };
-        let profile = in_session.as_ref().map_or(profile, |s| &s.profile);
+        let profile = in_session.as_ref().map_or(&profile, |s| &s.profile);
         let max_attempts = tool.tool.retries.saturating_add(1);
         let mut attempts = 0;
         let started = std::time::Instant::now();
@@ -862,10 +848,15 @@ impl Gate {
         event.approval_id = Some(pending.approval.approval_id.clone());
         event.input_digest = Some(prepared.digest.clone());
         self.emit(event);
+        let entered = match self.enter_session(&call, &opts, &prepared) {
+            Ok(entered) => entered,
+            Err(result) => return result,
+        };
         if let Err(result) = self.check_rates(&call, &opts, &prepared) {
             return self.refused(&opts, result);
         }
-        self.execute_prepared(&call, &opts, prepared, verdict).await
+        self.execute_prepared(&call, &opts, prepared, verdict, entered)
+            .await
     }
 
     /// Deletes a pending approval; says whether it existed.

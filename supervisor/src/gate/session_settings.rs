@@ -1,12 +1,15 @@
-//! Settings of one open session: its own tool states and its plan mode, over the gate's.
+//! Settings of one open session: its own tool states and its plan mode, over the gate's;
+//! and the session a call runs in.
 
-use airlock_policy::CompiledTool;
+use std::sync::Arc;
+
 use airlock_policy::validate::ToolState;
+use airlock_policy::{CompiledProfile, CompiledTool};
 
-use super::Gate;
+use super::{Gate, Prepared};
 use crate::listing::ToolListing;
 use crate::result::{ErrorKind, ToolError, ToolResult};
-use crate::session::SessionError;
+use crate::session::{SessionCall, SessionError};
 use crate::{CallOptions, ToolCall};
 
 impl Gate {
@@ -34,6 +37,38 @@ impl Gate {
         }
         sessions.touch(id);
         Ok(())
+    }
+
+    /// The profile a call runs under and the session it runs in, looked up before the
+    /// call takes a rate-limit token or is announced `tool.called`: a workspace tool naming
+    /// no open session is refused and audited as such, never a call that started and
+    /// never ended.
+    pub(super) fn enter_session(
+        &self,
+        call: &ToolCall,
+        opts: &CallOptions,
+        prepared: &Prepared,
+    ) -> Result<(Arc<CompiledProfile>, Option<SessionCall>), ToolResult> {
+        let Some(profile) = prepared.policy.profiles.get(&prepared.tool.tool.profile) else {
+            return Err(self.refuse(
+                call,
+                opts,
+                ToolError::new(
+                    ErrorKind::SandboxUnavailable,
+                    "the tool's profile is missing",
+                ),
+            ));
+        };
+        let entered = match &self.sessions {
+            Some(sessions) => {
+                sessions.enter(&prepared.policy.sessions, opts.session.as_deref(), profile)
+            }
+            None => crate::session::without_sessions(profile),
+        };
+        match entered {
+            Ok(in_session) => Ok((Arc::clone(profile), in_session)),
+            Err(error) => Err(self.refuse(call, opts, *error)),
+        }
     }
 
     /// `tool`'s state and the plan mode for a call in `session`: an open session's own

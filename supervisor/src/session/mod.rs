@@ -423,12 +423,28 @@ impl Sessions {
         id: &str,
     ) -> Result<Arc<Session>, SessionError> {
         self.sweep(policy);
+        self.find(policy, op, id)
+    }
+
+    /// The open session `id`, marked as used now, without a sweep: a call looks its
+    /// session up on an async runtime thread, where removing files would block it. One
+    /// expired and not swept yet is as good as gone.
+    fn find(
+        &self,
+        policy: &SessionPolicy,
+        op: &'static str,
+        id: &str,
+    ) -> Result<Arc<Session>, SessionError> {
         let session = self
             .table()
             .get(id)
             .cloned()
             .ok_or(SessionError::Unknown { op })?;
-        session.touch(self.clock.now());
+        let now = self.clock.now();
+        if session.expired(now, policy.idle_timeout) {
+            return Err(SessionError::Unknown { op });
+        }
+        session.touch(now);
         Ok(session)
     }
 
@@ -678,7 +694,7 @@ impl Sessions {
             ))
         };
         let id = id.ok_or_else(unknown)?;
-        let session = self.get(policy, "call", id).map_err(|_| unknown())?;
+        let session = self.find(policy, "call", id).map_err(|_| unknown())?;
         let mut unused = Vec::new();
         let profile = {
             let mut state = session.state();

@@ -39,6 +39,7 @@ mod network;
 mod operations;
 mod pool;
 mod protocol_hostile;
+mod session_calls;
 mod session_pool;
 mod session_settings;
 mod soak;
