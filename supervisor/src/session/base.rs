@@ -32,7 +32,7 @@ impl Base {
         let root = tree::open_root(&self.root)?;
         tree::open_beneath(
             root.as_fd(),
-            &self.rel,
+            self.rel.as_str(),
             OFlag::O_DIRECTORY | OFlag::O_RDONLY,
             Mode::empty(),
         )

@@ -9,8 +9,10 @@
 //! limit within one call, and the overshoot is reported as `workspace_full`; directories
 //! a tool made unreadable get their owner's `rwx` back so that they can be counted.
 
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -76,11 +78,25 @@ impl StateDir {
     }
 
     /// Removes whatever is in the state directory: sessions of a supervisor that died.
+    /// What cannot be removed is logged and left: one stale directory a tool made hard to
+    /// remove must not keep the supervisor from serving sessions.
     fn sweep_stale(&self) -> io::Result<()> {
         for entry in std::fs::read_dir(&self.root)? {
-            let path = entry?.path();
-            remove(&path, self.owner.is_some())?;
-            tracing::info!(path = %path.display(), "removed a stale session");
+            let path = match entry {
+                Ok(entry) => entry.path(),
+                Err(error) => {
+                    tracing::error!(%error, "a stale session could not be listed");
+                    continue;
+                }
+            };
+            match remove(&path, self.owner.is_some()) {
+                Ok(()) => tracing::info!(path = %path.display(), "removed a stale session"),
+                Err(error) => tracing::error!(
+                    %error,
+                    path = %path.display(),
+                    "a stale session could not be removed; it is left in place"
+                ),
+            }
         }
         Ok(())
     }
@@ -257,8 +273,10 @@ fn remove(path: &Path, privileged: bool) -> io::Result<()> {
         open_root(path)
     } {
         // A tool may have left directories we (the same uid, without root's override)
-        // cannot list or empty.
-        let _ = open_up(root.as_fd(), 0);
+        // cannot list or empty; what is left closed makes the removal below fail.
+        if let Err(error) = open_up(root.as_fd(), 0) {
+            tracing::warn!(%error, path = %path.display(), "not every directory could be opened up for removal");
+        }
     }
     match std::fs::remove_dir_all(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -268,10 +286,15 @@ fn remove(path: &Path, privileged: bool) -> io::Result<()> {
 
 /// Makes every directory beneath `dir` ours to list and empty (owner `rwx` added, the
 /// rest of its mode kept), without following a symlink: each is opened `O_PATH` beneath
-/// its parent and changed through that descriptor, then entered.
+/// its parent and changed through that descriptor, then entered. Names are taken as the
+/// bytes they are. Deeper than a walk goes is an error (after opening up what is within
+/// reach), never a silent stop.
 fn open_up(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
-    if depth > 128 {
-        return Ok(());
+    if depth > tree::MAX_DEPTH {
+        return Err(io::Error::other(format!(
+            "deeper than {} directories",
+            tree::MAX_DEPTH
+        )));
     }
     let listing = open_beneath(
         dir,
@@ -279,17 +302,18 @@ fn open_up(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
         OFlag::O_DIRECTORY | OFlag::O_RDONLY,
         Mode::empty(),
     )?;
-    let mut names = Vec::new();
+    let mut names: Vec<OsString> = Vec::new();
     for entry in nix::dir::Dir::from_fd(listing)?.iter().flatten() {
         let name = entry.file_name().to_bytes();
         if entry.file_type() == Some(nix::dir::Type::Directory) && name != b"." && name != b".." {
-            names.push(String::from_utf8_lossy(name).into_owned());
+            names.push(OsStr::from_bytes(name).to_os_string());
         }
     }
+    let mut outcome = Ok(());
     for name in names {
         let Ok(handle) = open_beneath(
             dir,
-            &name,
+            name.as_os_str(),
             OFlag::O_PATH | OFlag::O_DIRECTORY,
             Mode::empty(),
         ) else {
@@ -303,12 +327,71 @@ fn open_up(dir: BorrowedFd<'_>, depth: usize) -> io::Result<()> {
         }
         if let Ok(sub) = open_beneath(
             dir,
-            &name,
+            name.as_os_str(),
             OFlag::O_DIRECTORY | OFlag::O_RDONLY,
             Mode::empty(),
-        ) {
-            let _ = open_up(sub.as_fd(), depth + 1);
+        ) && let Err(error) = open_up(sub.as_fd(), depth + 1)
+            && outcome.is_ok()
+        {
+            outcome = Err(error);
         }
     }
-    Ok(())
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("airlock-storage-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o777
+    }
+
+    #[test]
+    fn directories_with_names_that_are_not_utf8_are_opened_up() {
+        let dir = scratch("bytes");
+        let odd = dir.join("a").join(OsStr::from_bytes(b"\xff"));
+        std::fs::create_dir_all(odd.join(OsStr::from_bytes(b"\xfe\x80"))).unwrap();
+        std::fs::set_permissions(&odd, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let root = open_root(&dir).unwrap();
+        open_up(root.as_fd(), 0).unwrap();
+        assert_eq!(mode(&odd), 0o700, "the owner gets rwx back, nothing else");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_tree_deeper_than_the_walks_bound_is_an_error_not_a_silent_stop() {
+        let dir = scratch("deep");
+        let mut deepest = dir.clone();
+        for _ in 0..140 {
+            deepest.push("d");
+        }
+        std::fs::create_dir_all(&deepest).unwrap();
+        let root = open_root(&dir).unwrap();
+        assert!(open_up(root.as_fd(), 0).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_stale_entry_that_cannot_be_removed_leaves_sessions_served() {
+        let dir = scratch("stale");
+        let state = dir.join("state");
+        std::fs::create_dir_all(state.join("gone")).unwrap();
+        // Not a session directory: nothing removes it as one.
+        std::fs::write(state.join("stray"), "x").unwrap();
+        let prepared = StateDir::prepare(&state, (65_534, 65_534));
+        assert!(prepared.is_ok(), "{prepared:?}");
+        assert!(!state.join("gone").exists(), "what can be removed is");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

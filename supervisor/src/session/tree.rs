@@ -22,7 +22,7 @@ pub const MAX_PATH_BYTES: usize = 1024;
 /// Deepest relative path a client may name, components.
 const MAX_COMPONENTS: usize = 64;
 /// Deepest directory a walk descends into.
-const MAX_DEPTH: usize = 128;
+pub const MAX_DEPTH: usize = 128;
 /// Most bytes of paths one walk collects. Without it a tool could make each of a walk's
 /// entries a path of ~33 KB (128 nested directories of 255-byte names) and one walk hold
 /// gigabytes; with [`MAX_PATH_BYTES`] per path it still could at a large `max_inodes`. Real
@@ -76,10 +76,11 @@ pub fn open_root(path: &Path) -> io::Result<OwnedFd> {
     openat2(nix::fcntl::AT_FDCWD, path, how).map_err(io::Error::from)
 }
 
-/// Opens `rel` beneath `root` with `flags`, crossing no symlink and no other mount.
-pub fn open_beneath(
+/// Opens `rel` beneath `root` with `flags`, crossing no symlink and no other mount. `rel`
+/// is text or, for a name read from a directory, bytes (`OsStr`).
+pub fn open_beneath<P: ?Sized + nix::NixPath>(
     root: BorrowedFd<'_>,
-    rel: &str,
+    rel: &P,
     flags: OFlag,
     mode: Mode,
 ) -> Result<OwnedFd, Errno> {
@@ -233,7 +234,7 @@ impl Walk {
             if kind == Kind::Dir {
                 let sub = open_beneath(
                     dir,
-                    &text,
+                    text.as_str(),
                     OFlag::O_DIRECTORY | OFlag::O_RDONLY,
                     Mode::empty(),
                 )
@@ -660,7 +661,7 @@ mod tests {
             let name = format!("{i:0>name_len$}");
             open_beneath(
                 dir,
-                &name,
+                name.as_str(),
                 OFlag::O_WRONLY | OFlag::O_CREAT,
                 Mode::from_bits_truncate(0o644),
             )
