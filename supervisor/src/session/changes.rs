@@ -2,7 +2,7 @@
 //! shows the base), and what a tool added, modified and deleted since.
 
 use std::collections::BTreeMap;
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::BorrowedFd;
 
 use serde::Serialize;
@@ -58,18 +58,23 @@ pub fn copy_base(
     max_bytes: u64,
 ) -> Result<(), CopyError> {
     let entries = tree::walk(base, max_entries).map_err(CopyError::BaseFile)?;
+    // What the copy may still write: the sizes the walk saw are only a first look (a base
+    // file may grow while it is copied), so the bytes themselves are counted as they go.
+    let mut left = max_bytes;
     for entry in entries {
         match entry.kind {
             Kind::Dir => {
                 tree::make_dirs(workspace, &entry.path, owner)?;
             }
             Kind::File => {
-                if entry.size > max_bytes {
+                if entry.size > left {
                     return Err(CopyError::Workspace(WriteError::Full));
                 }
                 // Streamed: a base file is never held in memory whole.
                 let file = tree::open_file(base, &entry.path).map_err(CopyError::BaseFile)?;
-                tree::write_file(workspace, &entry.path, file, entry.mode, owner)?;
+                let mut bounded = Bounded { inner: file, left };
+                tree::write_file(workspace, &entry.path, &mut bounded, entry.mode, owner)?;
+                left = bounded.left;
             }
             Kind::Symlink => {
                 let target = tree::read_link(base, &entry.path).map_err(CopyError::Base)?;
@@ -79,6 +84,33 @@ pub fn copy_base(
         }
     }
     Ok(())
+}
+
+/// A reader that yields at most `left` bytes and fails with "no space" when its source
+/// holds more, before any byte past the bound is written.
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            // At the bound: anything more in the source is over the size.
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                // EDQUOT: what the workspace's quota would answer; a write maps it to Full.
+                _ => Err(io::Error::from_raw_os_error(libc::EDQUOT)),
+            };
+        }
+        let room = usize::try_from(self.left)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = self.inner.read(&mut buf[..room])?;
+        self.left -= u64::try_from(n).unwrap_or(u64::MAX).min(self.left);
+        Ok(n)
+    }
 }
 
 /// What differs between `workspace` and `base` (every file, without a base): paths that
@@ -168,5 +200,55 @@ fn differs(
             !matches!((a, b), (Ok(a), Ok(b)) if a == b)
         }
         Kind::Dir | Kind::Other => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    /// Bytes in the regular files beneath `dir`.
+    fn bytes_under(dir: &std::path::Path) -> u64 {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| {
+                let meta = e.metadata().unwrap();
+                if meta.is_dir() {
+                    bytes_under(&e.path())
+                } else {
+                    meta.len()
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn a_copy_never_writes_more_than_the_size_and_fails_as_soon_as_it_would() {
+        let dir = std::env::temp_dir().join(format!("airlock-copy-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("base/sub")).unwrap();
+        std::fs::create_dir_all(dir.join("workspace")).unwrap();
+        let size: u64 = 100_000;
+        let part = vec![7u8; 60_000];
+        std::fs::write(dir.join("base/a"), &part).unwrap();
+        std::fs::write(dir.join("base/sub/b"), &part).unwrap();
+        let base = tree::open_root(&dir.join("base")).unwrap();
+        let workspace = tree::open_root(&dir.join("workspace")).unwrap();
+        let copied = copy_base(base.as_fd(), workspace.as_fd(), None, 100, size);
+        assert!(
+            matches!(copied, Err(CopyError::Workspace(WriteError::Full))),
+            "{copied:?}"
+        );
+        let written = bytes_under(&dir.join("workspace"));
+        assert!(
+            written <= size,
+            "{written} bytes written for a size of {size}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
