@@ -22,8 +22,8 @@ pub(crate) struct ClientLimits {
     /// Bytes of answers not yet taken by their clients.
     #[arg(long, default_value = "16MiB")]
     max_output: String,
-    /// A client that takes no bytes of its answers for this long is disconnected and its
-    /// calls cancelled.
+    /// A client that has not taken an answer whole this long after it was ready is
+    /// disconnected and its calls cancelled.
     #[arg(long, default_value = "10s")]
     write_timeout: String,
     /// A request must arrive whole within this long of its first byte; one that does not

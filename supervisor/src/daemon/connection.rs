@@ -40,6 +40,8 @@ pub(super) type Reply = Box<dyn Fn(Value) -> Vec<u8> + Send + Sync>;
 #[derive(Debug)]
 struct Outgoing {
     bytes: Vec<u8>,
+    /// When it must be written whole: `--write-timeout` after it took its budget.
+    deadline: tokio::time::Instant,
     _budget: Option<OwnedSemaphorePermit>,
     _slot: Option<OwnedSemaphorePermit>,
 }
@@ -50,6 +52,7 @@ pub(super) struct Answers {
     queue: mpsc::Sender<Outgoing>,
     budget: Arc<Semaphore>,
     budget_permits: usize,
+    write_timeout: Duration,
 }
 
 impl Answers {
@@ -63,10 +66,15 @@ impl Answers {
             permit = Arc::clone(&self.budget).acquire_many_owned(wanted) => permit.ok(),
             () = self.queue.closed() => return,
         };
+        // The deadline runs from here, queueing included: whatever the client reads, no
+        // answer holds its share of the budget, which other clients' answers wait for,
+        // longer than the timeout.
+        let deadline = tokio::time::Instant::now() + self.write_timeout;
         let _ = self
             .queue
             .send(Outgoing {
                 bytes,
+                deadline,
                 _budget: budget,
                 _slot: slot,
             })
@@ -133,21 +141,16 @@ pub(super) fn turn_away(shared: &Shared, stream: UnixStream) {
     let _ = stream.try_write(&line);
 }
 
-/// Writes `bytes`, failing when the client takes none of them for `idle`.
-async fn write_within<W: AsyncWrite + Unpin>(
+/// Writes `bytes`, failing when the client has not taken all of them by `deadline`.
+async fn write_by<W: AsyncWrite + Unpin>(
     writer: &mut W,
-    mut bytes: &[u8],
-    idle: Duration,
+    bytes: &[u8],
+    deadline: tokio::time::Instant,
 ) -> std::io::Result<()> {
-    while !bytes.is_empty() {
-        match tokio::time::timeout(idle, writer.write(bytes)).await {
-            Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(Ok(n)) => bytes = &bytes[n..],
-            Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
-        }
+    match tokio::time::timeout_at(deadline, writer.write_all(bytes)).await {
+        Ok(written) => written,
+        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
     }
-    Ok(())
 }
 
 /// Serves one client; `place` is its place among `max_connections`, given back when the
@@ -181,7 +184,8 @@ pub(super) async fn serve_connection(
             None,
         );
         drop(place);
-        let _ = write_within(&mut writer, &line, shared.config.write_timeout).await;
+        let deadline = tokio::time::Instant::now() + shared.config.write_timeout;
+        let _ = write_by(&mut writer, &line, deadline).await;
         if let Ok(_lingering) = Arc::clone(&shared.lingering).try_acquire_owned() {
             linger(reader, writer, shared.config.write_timeout).await;
         }
@@ -195,6 +199,7 @@ pub(super) async fn serve_connection(
         queue,
         budget: Arc::clone(&shared.output),
         budget_permits: super::output_budget(&shared.config),
+        write_timeout: shared.config.write_timeout,
     };
     let in_flight: InFlight = Arc::new(Mutex::new(HashMap::new()));
     let write_task = {
@@ -209,16 +214,16 @@ pub(super) async fn serve_connection(
                 // ends, after the write, and a busy machine let such a client in between.
                 let Outgoing {
                     bytes,
+                    deadline,
                     _budget,
                     _slot: slot,
                 } = answer;
                 drop(slot);
-                if let Err(e) = write_within(&mut writer, &bytes, shared.config.write_timeout).await
-                {
+                if let Err(e) = write_by(&mut writer, &bytes, deadline).await {
                     if e.kind() == std::io::ErrorKind::TimedOut {
                         shared.stats.closed_unread.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
-                            "closed a daemon client that took no answer bytes for {:?}",
+                            "closed a daemon client that did not take an answer within {:?}",
                             shared.config.write_timeout
                         );
                     }

@@ -11,8 +11,9 @@
 //! (the input budget), and the bytes of answers not yet written (the output budget). A
 //! finished call keeps its concurrency slot until its answer starts out to the client (its
 //! connection writes one answer at a time), so a client that does not read stops getting
-//! calls run, and a connection that takes no bytes for
-//! `write_timeout` is closed and its calls cancelled.
+//! calls run, and a connection that has not taken an answer whole `write_timeout` after
+//! it was ready is closed and its calls cancelled; a request not received whole within
+//! `read_timeout` is dropped.
 
 mod budget;
 
@@ -118,8 +119,8 @@ pub struct DaemonConfig {
     pub max_input_bytes: usize,
     /// Bytes of answers waiting to be written, over all connections.
     pub max_output_bytes: usize,
-    /// A connection whose client takes no bytes of an answer for this long is closed and
-    /// its calls cancelled.
+    /// A connection whose client has not taken an answer whole this long after the answer
+    /// took its share of the output budget is closed and its calls cancelled.
     pub write_timeout: Duration,
     /// A request must arrive whole within this long of its first byte; one that does not
     /// is answered and dropped, so that nothing half sent holds the input budget longer.
@@ -163,7 +164,7 @@ struct Stats {
     in_flight: AtomicUsize,
     queued: AtomicUsize,
     overloaded: AtomicU64,
-    /// Connections closed because their client took no answer bytes for `write_timeout`.
+    /// Connections closed because their client did not take an answer within `write_timeout`.
     closed_unread: AtomicU64,
     /// Requests dropped because they did not arrive whole within `read_timeout` (waiting
     /// for their client, or for room in the input budget), and calls refused because the

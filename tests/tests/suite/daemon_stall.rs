@@ -69,3 +69,37 @@ fn half_sent_requests_are_dropped_after_the_read_timeout_and_never_lock_out_a_po
     let answer = polite.ask(call("large", "echo", json!({ "text": text })));
     assert_eq!(answer["result"]["ok"], true, "{answer}");
 }
+
+#[test]
+fn a_client_that_trickles_its_answers_out_is_disconnected_after_the_write_timeout() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = start(&["--write-timeout", "3s"]);
+    // Two-megabyte answers taken 16 KiB a second: bytes keep moving, but one answer
+    // would take two minutes, holding its share of the output budget all along.
+    let mut trickle = connect(&daemon);
+    for i in 0..8 {
+        trickle.send(&call(i, "big", json!({})));
+    }
+    let mut chunk = [0u8; 16 << 10];
+    let mut reads = 0;
+    let closed = loop {
+        match std::io::Read::read(&mut trickle.stream, &mut chunk) {
+            Ok(0) | Err(_) => break true,
+            Ok(_) => {}
+        }
+        reads += 1;
+        // A hang guard, far beyond the write timeout: the daemon closes the connection
+        // when the timeout ends, however slow the machine.
+        if reads > 120 {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    };
+    assert!(closed, "still connected after {reads} slow reads");
+    assert!(stats(&daemon)["closed_unread"].as_u64().unwrap() >= 1);
+    let answer = connect(&daemon).ask(json!({"id": "h", "op": "health"}));
+    assert_eq!(answer["result"]["ok"], true, "{answer}");
+}
