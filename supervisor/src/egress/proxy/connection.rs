@@ -8,6 +8,7 @@ pub(super) async fn connection(
     stream: TcpStream,
     slot: Slot,
     refusal: Option<Refusal>,
+    audited: bool,
 ) {
     let mut conn = Conn::default();
     if let Some(refusal) = &refusal {
@@ -26,7 +27,7 @@ pub(super) async fn connection(
     // Free the slot before the event goes out, so whoever waits on the event may connect
     // again at once.
     drop(slot);
-    shared.finish(conn);
+    shared.finish(conn, audited);
 }
 
 async fn handle(shared: &Shared, stream: TcpStream, conn: &mut Conn, refusal: Option<Refusal>) {

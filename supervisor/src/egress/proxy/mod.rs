@@ -37,13 +37,16 @@ mod connection;
 mod relay;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_bounds;
 
 /// Per-call limits of the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EgressLimits {
     /// Connections open at once; more are refused (403, or SOCKS reply `0x02`).
     pub max_concurrent: u32,
-    /// Connections accepted over the whole call, refused ones included; more are refused.
+    /// Connections accepted over the whole call, refused ones included; more are refused
+    /// and only counted. The event sink gets at most this many events per call.
     pub max_connections: u32,
     /// Bytes relayed over the whole call, both directions of all connections together.
     pub max_bytes: u64,
@@ -138,7 +141,8 @@ impl Resolve for SystemResolver {
     }
 }
 
-/// Where each connection's [`EgressEvent`] goes as it ends.
+/// Where the [`EgressEvent`] of each of a call's first [`EgressLimits::max_connections`]
+/// connections goes as it ends.
 pub trait EventSink: Send + Sync + fmt::Debug {
     /// Takes one event. Called from the proxy's tasks; must not block.
     fn record(&self, event: &EgressEvent);
@@ -148,14 +152,6 @@ impl EventSink for mpsc::UnboundedSender<EgressEvent> {
     fn record(&self, event: &EgressEvent) {
         // A dropped receiver only means nobody listens; the summary still has the event.
         let _ = self.send(event.clone());
-    }
-}
-
-impl EventSink for mpsc::Sender<EgressEvent> {
-    fn record(&self, event: &EgressEvent) {
-        // A full channel drops the event rather than stall a connection; the summary still
-        // counts it.
-        let _ = self.try_send(event.clone());
     }
 }
 
@@ -239,9 +235,11 @@ pub struct EgressSummary {
     pub bytes_up: u64,
     /// Bytes sent to the client in all.
     pub bytes_down: u64,
-    /// The first [`EgressLimits::max_events`] events.
+    /// The first [`EgressLimits::max_events`] events of the connections within
+    /// [`EgressLimits::max_connections`].
     pub events: Vec<EgressEvent>,
-    /// Events past that bound.
+    /// Connections not listed: past `max_events`, or past `max_connections` (those are
+    /// refused, and not handed to the event sink either).
     pub events_omitted: u32,
 }
 
@@ -370,8 +368,11 @@ struct Shared {
 }
 
 impl Shared {
-    /// Records a finished connection in the summary and hands its event to the sink.
-    fn finish(&self, conn: Conn) {
+    /// Records a finished connection in the summary and, if it is `audited`, hands its
+    /// event to the sink. Only the first `max_connections` connections are: a flood past
+    /// the limit is only counted, so the sink takes at most that many events per call and
+    /// needs neither to drop one nor to grow without bound.
+    fn finish(&self, conn: Conn, audited: bool) {
         let event = conn.into_event();
         {
             let mut summary = self.summary.lock().unwrap_or_else(PoisonError::into_inner);
@@ -383,13 +384,17 @@ impl Shared {
             }
             summary.bytes_up = summary.bytes_up.saturating_add(event.bytes_up);
             summary.bytes_down = summary.bytes_down.saturating_add(event.bytes_down);
-            if summary.events.len() < usize::try_from(self.limits.max_events).unwrap_or(0) {
+            if audited
+                && summary.events.len() < usize::try_from(self.limits.max_events).unwrap_or(0)
+            {
                 summary.events.push(event.clone());
             } else {
                 summary.events_omitted = summary.events_omitted.saturating_add(1);
             }
         }
-        self.events.record(&event);
+        if audited {
+            self.events.record(&event);
+        }
     }
 }
 
@@ -559,7 +564,9 @@ fn admit(shared: &Arc<Shared>, tasks: &mut JoinSet<()>, stream: TcpStream) {
         // Keep the count from wrapping back under the limit.
         shared.accepted.store(u32::MAX, Ordering::Release);
     }
-    let refusal = if accepted > limits.max_connections {
+    // Past the limit every connection is refused, so none of them can carry data out.
+    let audited = accepted <= limits.max_connections;
+    let refusal = if !audited {
         Some(Refusal::TooManyConnections)
     } else if shared.active.load(Ordering::Acquire) >= limits.max_concurrent {
         Some(Refusal::TooManyConcurrent)
@@ -579,7 +586,7 @@ fn admit(shared: &Arc<Shared>, tasks: &mut JoinSet<()>, stream: TcpStream) {
                 drop(stream);
                 let mut conn = Conn::default();
                 conn.refused_by(&refusal);
-                shared.finish(conn);
+                shared.finish(conn, audited);
                 return;
             }
             shared.refusing.fetch_add(1, Ordering::AcqRel);
@@ -594,5 +601,6 @@ fn admit(shared: &Arc<Shared>, tasks: &mut JoinSet<()>, stream: TcpStream) {
         stream,
         slot,
         refusal,
+        audited,
     ));
 }

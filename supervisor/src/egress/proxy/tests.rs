@@ -83,7 +83,7 @@ async fn start(
 }
 
 /// An upstream that echoes every connection until its client closes.
-async fn echo_server(bind: &str) -> SocketAddr {
+pub(super) async fn echo_server(bind: &str) -> SocketAddr {
     let listener = TcpListener::bind(bind).await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -108,7 +108,7 @@ async fn read_head(stream: &mut TcpStream) -> String {
 }
 
 /// Opens a CONNECT tunnel; returns the stream and the response head.
-async fn connect_via(proxy: SocketAddr, target: &str) -> (TcpStream, String) {
+pub(super) async fn connect_via(proxy: SocketAddr, target: &str) -> (TcpStream, String) {
     let mut stream = TcpStream::connect(proxy).await.unwrap();
     let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
@@ -129,14 +129,14 @@ async fn http_exchange(proxy: SocketAddr, request: &str) -> String {
     String::from_utf8(exchange(proxy, request.as_bytes()).await).unwrap()
 }
 
-async fn ping(stream: &mut TcpStream) {
+pub(super) async fn ping(stream: &mut TcpStream) {
     stream.write_all(b"ping").await.unwrap();
     let mut answer = [0u8; 4];
     stream.read_exact(&mut answer).await.unwrap();
     assert_eq!(&answer, b"ping");
 }
 
-fn loopback_only() -> Vec<&'static str> {
+pub(super) fn loopback_only() -> Vec<&'static str> {
     vec!["127.0.0.1/32"]
 }
 
