@@ -35,10 +35,13 @@ use airlock_policy::egress::{Decision, DenyReason, EgressPolicy, Host};
 
 mod connection;
 mod relay;
+mod resolve;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_bounds;
+
+pub use resolve::SystemResolver;
 
 /// Per-call limits of the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,32 +116,6 @@ pub enum ResolveError {
     /// The lookup failed.
     #[error("lookup failed: {0}")]
     Lookup(#[source] io::Error),
-}
-
-/// The host's resolver (getaddrinfo, on tokio's blocking pool).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemResolver;
-
-impl Resolve for SystemResolver {
-    fn resolve<'a>(&'a self, name: &'a str) -> ResolveFuture<'a> {
-        Box::pin(async move {
-            let found = tokio::net::lookup_host((name, 0))
-                .await
-                .map_err(ResolveError::Lookup)?;
-            // getaddrinfo repeats an address once per socket type.
-            let mut addresses: Vec<IpAddr> = Vec::new();
-            for address in found {
-                if !addresses.contains(&address.ip()) {
-                    addresses.push(address.ip());
-                }
-            }
-            if addresses.is_empty() {
-                Err(ResolveError::NotFound)
-            } else {
-                Ok(addresses)
-            }
-        })
-    }
 }
 
 /// Where the [`EgressEvent`] of each of a call's first [`EgressLimits::max_connections`]
