@@ -512,7 +512,7 @@ mod tests {
         let policy = policy(2, 1);
         assert_eq!(
             call_cost(&policy, "t0", &egress),
-            PER_CALL + 2 * 64 + 16 + 8
+            PER_CALL + 2 * 64 + 16 + 1 + 2 * 4
         );
         assert_eq!(call_cost(&policy, "t1", &egress), PER_CALL);
         assert_eq!(call_cost(&policy, "no such tool", &egress), PER_CALL);

@@ -173,13 +173,9 @@ async fn connect(
     let timeout = shared.limits.connect_timeout;
     let candidates = match host {
         Host::Ip(ip) => vec![*ip],
-        Host::Name(name) => {
-            match tokio::time::timeout(timeout, shared.resolver.resolve(name)).await {
-                Ok(Ok(addresses)) => addresses,
-                Ok(Err(error)) => return Err(Failure::Unreachable(UpstreamError::Resolve(error))),
-                Err(_) => return Err(Failure::Unreachable(UpstreamError::ResolveTimedOut)),
-            }
-        }
+        Host::Name(name) => resolve(shared, name, timeout)
+            .await
+            .map_err(Failure::Unreachable)?,
     };
     let mut denied = None;
     let mut failed = None;
@@ -216,5 +212,35 @@ async fn connect(
         None => Err(Failure::Unreachable(UpstreamError::Resolve(
             ResolveError::NotFound,
         ))),
+    }
+}
+
+/// Resolves `name` within `timeout` (waiting for a lookup permit included). The lookup runs
+/// in a task of its own that holds the permit until the resolver is done, so a lookup this
+/// connection gives up on still counts against the proxy's bound while it runs.
+async fn resolve(
+    shared: &Shared,
+    name: &str,
+    timeout: Duration,
+) -> Result<Vec<IpAddr>, UpstreamError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let waiting = Arc::clone(&shared.lookups).acquire_owned();
+    // The semaphore is never closed: an error can only be the deadline.
+    let Ok(Ok(permit)) = tokio::time::timeout_at(deadline, waiting).await else {
+        return Err(UpstreamError::LookupsBusy);
+    };
+    let resolver = Arc::clone(&shared.resolver);
+    let name = name.to_string();
+    let lookup = tokio::spawn(async move {
+        let found = resolver.resolve(&name).await;
+        drop(permit);
+        found
+    });
+    match tokio::time::timeout_at(deadline, lookup).await {
+        Ok(Ok(found)) => found.map_err(UpstreamError::Resolve),
+        Ok(Err(failed)) => Err(UpstreamError::Resolve(ResolveError::Lookup(
+            io::Error::other(failed),
+        ))),
+        Err(_) => Err(UpstreamError::ResolveTimedOut),
     }
 }

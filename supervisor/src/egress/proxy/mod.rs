@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::http::{self, ProxyRequest, ReadError};
@@ -73,15 +73,19 @@ impl Default for EgressLimits {
 
 impl EgressLimits {
     /// Descriptors one call's proxy may hold at once: its listener, both ends of every
-    /// connection it relays, the connections it is refusing, and a few for name resolution
-    /// and a connection attempt in progress. A daemon counts this against its open-file
-    /// limit for every call that may go out.
+    /// connection it relays (an attempt in progress included), the connections it is
+    /// refusing, and those of the name lookups it may have in flight. A daemon counts this
+    /// against its open-file limit for every call that may go out.
     pub fn descriptors_at_most(&self) -> u64 {
-        const LISTENER_AND_RESOLVING: u64 = 8;
+        const LISTENER: u64 = 1;
+        // A lookup's DNS socket, and a second where A and AAAA go out on sockets of their
+        // own (`single-request-reopen`) or the hosts file is being read.
+        const PER_LOOKUP: u64 = 2;
         u64::from(self.max_concurrent)
             .saturating_mul(2)
             .saturating_add(u64::from(MAX_REFUSING))
-            .saturating_add(LISTENER_AND_RESOLVING)
+            .saturating_add(LISTENER)
+            .saturating_add(u64::from(MAX_LOOKUPS) * PER_LOOKUP)
     }
 }
 
@@ -90,6 +94,10 @@ impl EgressLimits {
 const MAX_REFUSING: u32 = 16;
 /// How long the proxy stops accepting when it is out of descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Name lookups in flight at once. A lookup counts until the resolver's work has ended,
+/// not until its connection stops waiting: getaddrinfo cannot be called off, and keeps a
+/// thread of the daemon's blocking pool and a socket until it returns.
+const MAX_LOOKUPS: u32 = 4;
 /// Addresses of one name tried at most.
 const MAX_ADDRESSES: usize = 16;
 /// Buffer of each direction of a tunnel.
@@ -102,6 +110,10 @@ pub type ResolveFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<IpAddr>, ResolveError>> + Send + 'a>>;
 
 /// Resolves a host name to addresses. Injectable so that tests can map names to any address.
+///
+/// The proxy runs each lookup's future to its end, even after the connection that asked
+/// stopped waiting, and counts it against its lookups in flight until then: a future should
+/// end when the work it stands for does.
 pub trait Resolve: Send + Sync + fmt::Debug {
     /// The addresses of `name` (already validated and lower case), in preference order.
     fn resolve<'a>(&'a self, name: &'a str) -> ResolveFuture<'a>;
@@ -267,6 +279,10 @@ pub enum UpstreamError {
     /// Resolving took longer than the connect timeout.
     #[error("resolving the name timed out")]
     ResolveTimedOut,
+    /// No lookup could start within the connect timeout: as many as the proxy runs at once
+    /// were in flight (earlier ones given up on count until they end).
+    #[error("no name lookup could start: {MAX_LOOKUPS} lookups were still running")]
+    LookupsBusy,
     /// Connecting failed.
     #[error("connecting to {address} failed: {error}")]
     Connect {
@@ -296,6 +312,7 @@ impl UpstreamError {
             },
             UpstreamError::Resolve(_)
             | UpstreamError::ResolveTimedOut
+            | UpstreamError::LookupsBusy
             | UpstreamError::ConnectTimedOut { .. } => Reply::HostUnreachable,
         }
     }
@@ -335,6 +352,8 @@ struct Shared {
     policy: Arc<EgressPolicy>,
     limits: EgressLimits,
     resolver: Arc<dyn Resolve>,
+    /// Permits for [`MAX_LOOKUPS`] lookups at once.
+    lookups: Arc<Semaphore>,
     events: Arc<dyn EventSink>,
     stop: CancelSignal,
     active: AtomicU32,
@@ -463,6 +482,7 @@ pub async fn serve(
         policy,
         limits,
         resolver,
+        lookups: Arc::new(Semaphore::new(MAX_LOOKUPS as usize)),
         events,
         stop: stop.clone(),
         active: AtomicU32::new(0),

@@ -1,6 +1,7 @@
 //! What bounds the proxy's work for the rest of the supervisor: the events it hands the
-//! audit.
+//! audit, and the name lookups it keeps running.
 
+use std::sync::Condvar;
 use std::sync::atomic::AtomicUsize;
 
 use super::tests::{connect_via, echo_server, loopback_only, ping};
@@ -124,4 +125,136 @@ async fn allowed_connections_reach_the_audit_even_after_a_flood_of_refusals() {
     );
     assert_eq!(summary.events.len(), 2);
     assert_eq!(summary.events_omitted, FLOOD - 1);
+}
+
+/// A gate that blocking work waits at until it opens.
+#[derive(Debug, Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+/// Opens the gate when dropped, so a failing test does not leave the runtime waiting for
+/// blocking work that never ends.
+struct OpenOnDrop(Arc<Gate>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// A resolver whose lookups run on the blocking pool until the gate opens, whatever becomes
+/// of the future that asked (as getaddrinfo does), then find nothing.
+#[derive(Debug, Default)]
+struct Stuck {
+    gate: Arc<Gate>,
+    in_flight: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    started: Arc<AtomicUsize>,
+}
+
+impl Resolve for Stuck {
+    fn resolve<'a>(&'a self, _name: &'a str) -> ResolveFuture<'a> {
+        let gate = Arc::clone(&self.gate);
+        let in_flight = Arc::clone(&self.in_flight);
+        let most = Arc::clone(&self.most);
+        self.started.fetch_add(1, Ordering::AcqRel);
+        let work = tokio::task::spawn_blocking(move || {
+            let now = in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+            most.fetch_max(now, Ordering::AcqRel);
+            gate.wait();
+            in_flight.fetch_sub(1, Ordering::AcqRel);
+        });
+        Box::pin(async move {
+            let _ = work.await;
+            Err(ResolveError::NotFound)
+        })
+    }
+}
+
+/// Asks the proxy for a tunnel to `name.test:443`; returns its answer.
+async fn connect_name(proxy: SocketAddr) -> String {
+    let mut stream = TcpStream::connect(proxy).await.unwrap();
+    stream
+        .write_all(b"CONNECT name.test:443 HTTP/1.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn abandoned_lookups_hold_their_place_until_they_end() {
+    const ROUND: usize = 12;
+    let resolver = Arc::new(Stuck::default());
+    let _open = OpenOnDrop(Arc::clone(&resolver.gate));
+    let limits = EgressLimits {
+        connect_timeout: Duration::from_millis(100),
+        ..EgressLimits::default()
+    };
+    let proxy = serve_with(
+        &["name.test".into()],
+        limits,
+        Arc::clone(&resolver) as Arc<dyn Resolve>,
+        Arc::new(DiscardEvents),
+    )
+    .await;
+    // Two rounds of connections whose lookups time out and keep running.
+    for _ in 0..2 {
+        let mut round = JoinSet::new();
+        for _ in 0..ROUND {
+            round.spawn(connect_name(proxy.address));
+        }
+        while let Some(answer) = round.join_next().await {
+            let answer = answer.unwrap();
+            assert!(answer.starts_with("HTTP/1.1 502"), "{answer}");
+        }
+    }
+    let bound = usize::try_from(MAX_LOOKUPS).unwrap();
+    assert_eq!(resolver.started.load(Ordering::Acquire), bound);
+    assert!(
+        resolver.most.load(Ordering::Acquire) <= bound,
+        "{} lookups at once",
+        resolver.most.load(Ordering::Acquire)
+    );
+    // Once they end, their places are free again (a moment after: the permit goes back
+    // when the lookup's task next runs).
+    resolver.gate.open();
+    let mut tries = 1;
+    while !connect_name(proxy.address)
+        .await
+        .contains("the name has no addresses")
+    {
+        assert!(tries < 30, "no lookup starts again");
+        tries += 1;
+    }
+    assert_eq!(resolver.started.load(Ordering::Acquire), bound + 1);
+    let summary = proxy.finish().await;
+    assert_eq!(summary.failed, u32::try_from(2 * ROUND + tries).unwrap());
+    let waited = summary
+        .events
+        .iter()
+        .filter(|e| e.error.as_deref().is_some_and(|e| e.contains("lookups")))
+        .count();
+    assert_eq!(
+        waited,
+        2 * ROUND - bound + tries - 1,
+        "refused for want of a lookup"
+    );
 }
