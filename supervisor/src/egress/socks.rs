@@ -5,7 +5,7 @@
 //! network namespace, so whoever connects is that worker.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -191,32 +191,19 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     })
 }
 
-/// A reply message: `bound` is the proxy's local address of the upstream connection on
-/// success, `0.0.0.0:0` otherwise.
-pub fn encode_reply(reply: Reply, bound: Option<SocketAddr>) -> Vec<u8> {
-    let bound = bound.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
-    let mut message = vec![VERSION, reply.code(), 0];
-    match bound.ip() {
-        IpAddr::V4(ip) => {
-            message.push(ATYP_IPV4);
-            message.extend_from_slice(&ip.octets());
-        }
-        IpAddr::V6(ip) => {
-            message.push(ATYP_IPV6);
-            message.extend_from_slice(&ip.octets());
-        }
-    }
-    message.extend_from_slice(&bound.port().to_be_bytes());
+/// A reply message. Its bound address is always `0.0.0.0:0`: on success it would be the
+/// proxy's local address of the upstream connection, the host's own source address and
+/// port, which the sandbox has no need to learn (clients do not use it for `CONNECT`).
+pub fn encode_reply(reply: Reply) -> Vec<u8> {
+    let mut message = vec![VERSION, reply.code(), 0, ATYP_IPV4];
+    message.extend_from_slice(&Ipv4Addr::UNSPECIFIED.octets());
+    message.extend_from_slice(&0u16.to_be_bytes());
     message
 }
 
 /// Writes a reply.
-pub async fn send_reply<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    reply: Reply,
-    bound: Option<SocketAddr>,
-) -> io::Result<()> {
-    stream.write_all(&encode_reply(reply, bound)).await
+pub async fn send_reply<S: AsyncWrite + Unpin>(stream: &mut S, reply: Reply) -> io::Result<()> {
+    stream.write_all(&encode_reply(reply)).await
 }
 
 #[cfg(test)]
@@ -305,16 +292,13 @@ mod tests {
     #[test]
     fn replies_are_encoded() {
         assert_eq!(
-            encode_reply(Reply::NotAllowed, None),
+            encode_reply(Reply::NotAllowed),
             [5, 2, 0, 1, 0, 0, 0, 0, 0, 0]
         );
         assert_eq!(
-            encode_reply(Reply::Succeeded, Some("127.0.0.1:4660".parse().unwrap())),
-            [5, 0, 0, 1, 127, 0, 0, 1, 0x12, 0x34]
+            encode_reply(Reply::Succeeded),
+            [5, 0, 0, 1, 0, 0, 0, 0, 0, 0]
         );
-        let v6 = encode_reply(Reply::Succeeded, Some("[::1]:1".parse().unwrap()));
-        assert_eq!(v6.len(), 4 + 16 + 2);
-        assert_eq!(v6[3], 4);
         for (reply, code) in [
             (Reply::GeneralFailure, 1),
             (Reply::HostUnreachable, 4),

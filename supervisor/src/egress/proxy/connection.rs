@@ -106,7 +106,7 @@ async fn handle_socks(
         Err(error) => {
             conn.refuse(format_args!("bad-request: {error}"));
             let answered = match error.reply() {
-                Some(reply) => socks::send_reply(&mut client, reply, None).await.is_ok(),
+                Some(reply) => socks::send_reply(&mut client, reply).await.is_ok(),
                 None => matches!(error, SocksError::NoAcceptableMethod),
             };
             if answered {
@@ -119,15 +119,14 @@ async fn handle_socks(
     conn.port = request.port;
     match connect(shared, &request.host, request.port, conn, refusal).await {
         Ok(upstream) => {
-            let bound = upstream.local_addr().ok();
-            if let Err(error) = socks::send_reply(&mut client, Reply::Succeeded, bound).await {
+            if let Err(error) = socks::send_reply(&mut client, Reply::Succeeded).await {
                 return conn.ended(TunnelEnd::ClientError, Some(error.to_string()));
             }
             tunnel(shared, client, upstream, conn, &[]).await;
         }
         Err(Failure::Refused(refusal)) => {
             conn.refused_by(&refusal);
-            if socks::send_reply(&mut client, Reply::NotAllowed, None)
+            if socks::send_reply(&mut client, Reply::NotAllowed)
                 .await
                 .is_ok()
             {
@@ -137,7 +136,7 @@ async fn handle_socks(
         Err(Failure::Unreachable(error)) => {
             let reply = error.socks_reply();
             conn.ended(TunnelEnd::Unreachable, Some(error.to_string()));
-            if socks::send_reply(&mut client, reply, None).await.is_ok() {
+            if socks::send_reply(&mut client, reply).await.is_ok() {
                 linger(&mut client).await;
             }
         }
