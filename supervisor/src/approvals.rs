@@ -145,7 +145,7 @@ impl Pending {
     /// text and the argv preview dwarf everything else.
     fn bytes(&self) -> usize {
         let approval = &self.approval;
-        crate::gate::json_heap_bytes(&approval.arguments)
+        crate::heap::json_heap_bytes(&approval.arguments)
             + self.arguments.len()
             + approval.argv_preview.iter().map(String::len).sum::<usize>()
             + approval.reason.len()

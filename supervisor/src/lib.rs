@@ -52,6 +52,7 @@ mod denials;
 pub mod egress;
 mod egress_audit;
 pub mod gate;
+mod heap;
 pub mod landlock_audit;
 pub mod listing;
 pub mod mcp;

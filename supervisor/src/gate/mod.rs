@@ -33,10 +33,9 @@ use crate::session::{SessionCall, Sessions};
 pub use dry_run::DryRun;
 
 mod dry_run;
-mod heap;
 mod session_settings;
 
-pub(crate) use heap::json_heap_bytes;
+use crate::heap::json_heap_bytes;
 
 pub use crate::clock::{Clock, SystemClock};
 
