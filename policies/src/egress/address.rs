@@ -162,6 +162,10 @@ pub enum AddressClass {
     /// Other special-purpose ranges: `192.0.0.0/24`, benchmarking `198.18.0.0/15`,
     /// `240.0.0.0/4`, discard `100::/64`, Teredo `2001::/32`, the rest of `::/16`.
     Reserved,
+    /// An otherwise public address of one of the host's own interfaces: connecting to it
+    /// reaches the host's services, as loopback does. Never from [`classify`], which knows
+    /// no host: the proxy says so when it connects.
+    ThisHost,
 }
 
 impl AddressClass {
@@ -191,6 +195,7 @@ impl AddressClass {
             AddressClass::Broadcast => "broadcast",
             AddressClass::Documentation => "documentation",
             AddressClass::Reserved => "reserved",
+            AddressClass::ThisHost => "this-host",
         }
     }
 }

@@ -245,8 +245,15 @@ impl EgressPolicy {
     }
 
     /// Whether `address`, the one about to be connected to for `host`, may be reached under
-    /// `rule` (from [`check_host`](Self::check_host)).
-    pub fn check_address(&self, rule: &HostRule, host: &Host, address: IpAddr) -> Decision {
+    /// `rule` (from [`check_host`](Self::check_host)); `this_host`: it is an address of one of
+    /// the host's own interfaces, which needs an `allow_addresses` network however public.
+    pub fn check_address(
+        &self,
+        rule: &HostRule,
+        host: &Host,
+        address: IpAddr,
+        this_host: bool,
+    ) -> Decision {
         if let Host::Ip(literal) = host
             && literal.to_canonical() != address.to_canonical()
         {
@@ -254,7 +261,10 @@ impl EgressPolicy {
                 reason: DenyReason::AddressMismatch { address },
             };
         }
-        let class = classify(address);
+        let class = match classify(address) {
+            AddressClass::Public if this_host => AddressClass::ThisHost,
+            class => class,
+        };
         if class.is_never_allowed() {
             return Decision::Denied {
                 reason: DenyReason::AddressNeverAllowed { address, class },
@@ -279,10 +289,10 @@ impl EgressPolicy {
     }
 
     /// The whole decision for one connection: `host` and `port` as requested, `address`
-    /// the resolved address actually to be connected to.
+    /// the resolved address actually to be connected to (not one of the host's own).
     pub fn decide(&self, host: &Host, port: u16, address: IpAddr) -> Decision {
         match self.check_host(host, port) {
-            Ok(rule) => self.check_address(rule, host, address),
+            Ok(rule) => self.check_address(rule, host, address, false),
             Err(reason) => Decision::Denied { reason },
         }
     }

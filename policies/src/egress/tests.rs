@@ -389,6 +389,29 @@ fn addresses_are_classified() {
 }
 
 #[test]
+fn an_address_of_this_host_needs_a_network_that_covers_it_however_public() {
+    let policy = EgressPolicy::parse(&["api.example.com"], &[] as &[&str]).unwrap();
+    let host = name("api.example.com");
+    let rule = policy.check_host(&host, 443).unwrap();
+    let public = ip("93.184.216.34");
+    let Decision::Denied { reason } = policy.check_address(rule, &host, public, true) else {
+        panic!("this host's public address allowed");
+    };
+    assert_eq!(reason.code(), "address-not-allowed");
+    assert!(reason.to_string().contains("this-host"), "{reason}");
+    assert!(matches!(
+        policy.check_address(rule, &host, public, false),
+        Decision::Allowed { .. }
+    ));
+    let covered = EgressPolicy::parse(&["api.example.com"], &["93.184.216.0/24"]).unwrap();
+    let rule = covered.check_host(&host, 443).unwrap();
+    assert!(matches!(
+        covered.check_address(rule, &host, public, true),
+        Decision::Allowed { .. }
+    ));
+}
+
+#[test]
 fn names_on_the_list_reach_public_addresses_only_unless_covered() {
     let policy = EgressPolicy::parse(&["api.example.com"], &[] as &[&str]).unwrap();
     let host = name("api.example.com");

@@ -180,7 +180,10 @@ async fn connect(
     let mut failed = None;
     for ip in candidates.into_iter().take(MAX_ADDRESSES) {
         let address = SocketAddr::new(ip, port);
-        match shared.policy.check_address(rule, host, ip) {
+        // Only a public address needs asking: every other class needs a network already.
+        let this_host =
+            airlock_policy::egress::classify(ip).is_public() && shared.resolver.is_this_host(ip);
+        match shared.policy.check_address(rule, host, ip, this_host) {
             Decision::Denied { reason } => {
                 denied.get_or_insert((address, reason));
             }

@@ -117,6 +117,14 @@ pub type ResolveFuture<'a> =
 pub trait Resolve: Send + Sync + fmt::Debug {
     /// The addresses of `name` (already validated and lower case), in preference order.
     fn resolve<'a>(&'a self, name: &'a str) -> ResolveFuture<'a>;
+
+    /// Whether `address` is one of the host's own, which the proxy refuses unless an
+    /// `allow_addresses` network covers it: the proxy connects from the host, so such an
+    /// address reaches the host's services as loopback would. The host's interfaces as
+    /// they are now; an address that cannot be checked counts as the host's.
+    fn is_this_host(&self, address: IpAddr) -> bool {
+        resolve::is_this_host(address)
+    }
 }
 
 /// Why a name did not resolve.

@@ -34,6 +34,25 @@ impl Resolve for SystemResolver {
     }
 }
 
+/// Whether `address` is assigned to one of the host's interfaces now. Fails closed: when
+/// the interfaces cannot be listed, every address counts as the host's.
+pub(super) fn is_this_host(address: IpAddr) -> bool {
+    let wanted = address.to_canonical();
+    let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
+        return true;
+    };
+    interfaces
+        .filter_map(|interface| interface.address)
+        .filter_map(|address| {
+            if let Some(v4) = address.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                address.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .any(|own| own.to_canonical() == wanted)
+}
+
 /// Resolves `name` (validated, lower case, without a trailing dot): its entries in the
 /// hosts file at `hosts` if it has any, else what getaddrinfo answers for its absolute form.
 fn resolve_blocking(hosts: &Path, name: &str) -> Result<Vec<IpAddr>, ResolveError> {

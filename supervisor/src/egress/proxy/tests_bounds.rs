@@ -258,3 +258,57 @@ async fn abandoned_lookups_hold_their_place_until_they_end() {
         "refused for want of a lookup"
     );
 }
+
+/// Maps one name to one public address that it says is this host's.
+#[derive(Debug)]
+struct SelfResolver {
+    address: IpAddr,
+}
+
+impl Resolve for SelfResolver {
+    fn resolve<'a>(&'a self, _name: &'a str) -> ResolveFuture<'a> {
+        let address = self.address;
+        Box::pin(async move { Ok(vec![address]) })
+    }
+
+    fn is_this_host(&self, address: IpAddr) -> bool {
+        address == self.address
+    }
+}
+
+#[tokio::test]
+async fn a_name_resolving_to_this_hosts_own_public_address_is_refused() {
+    let resolver = Arc::new(SelfResolver {
+        address: "93.184.216.34".parse().unwrap(),
+    });
+    let sink = Arc::new(Room::new(8));
+    let proxy = serve_with(
+        &["self.example.com:443".to_string()],
+        EgressLimits::default(),
+        resolver,
+        Arc::clone(&sink) as Arc<dyn EventSink>,
+    )
+    .await;
+    let (_stream, head) = connect_via(proxy.address, "self.example.com:443").await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    assert!(
+        head.contains("X-Airlock-Denied: address-not-allowed\r\n"),
+        "{head}"
+    );
+    let summary = proxy.finish().await;
+    assert_eq!(summary.refused, 1);
+    assert!(
+        summary.events[0].rule_or_reason.contains("this-host"),
+        "{:?}",
+        summary.events[0]
+    );
+}
+
+#[test]
+fn the_hosts_own_addresses_are_told_from_others() {
+    assert!(super::resolve::is_this_host("127.0.0.1".parse().unwrap()));
+    assert!(super::resolve::is_this_host(
+        "::ffff:127.0.0.1".parse().unwrap()
+    ));
+    assert!(!super::resolve::is_this_host("192.0.2.77".parse().unwrap()));
+}
