@@ -433,8 +433,9 @@ impl Gate {
             .rates
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let is_open = |id: &str| self.sessions.as_ref().is_some_and(|s| s.is_open(id));
         if let (Some(limit), Some(session)) = (gate.session_rate, &opts.session)
-            && !rates.take(&format!("session:{session}"), limit, now)
+            && !rates.take_session(session, limit, now, is_open)
         {
             return Err(rejected(
                 call,
@@ -448,7 +449,7 @@ impl Gate {
             ));
         }
         if let Some(limit) = prepared.tool.tool.rate_limit.or(gate.tool_rate)
-            && !rates.take(&format!("tool:{}", prepared.tool.tool.name), limit, now)
+            && !rates.take_tool(&prepared.tool.tool.name, limit, now)
         {
             return Err(rejected(
                 call,

@@ -264,6 +264,11 @@ impl Sessions {
         self.table().len()
     }
 
+    /// Whether `id` names a session open now.
+    pub fn is_open(&self, id: &str) -> bool {
+        self.table().contains_key(id)
+    }
+
     /// Opens a session of `size` bytes (default: the largest profile's `workspace_size`,
     /// passed as `default_size`), from a copy of `base` when given.
     pub fn open(
