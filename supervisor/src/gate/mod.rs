@@ -33,6 +33,7 @@ use crate::session::{SessionCall, Sessions};
 pub use dry_run::DryRun;
 
 mod dry_run;
+mod readmit;
 mod session_settings;
 
 use crate::heap::json_heap_bytes;
@@ -326,10 +327,10 @@ impl Gate {
     fn prepare(&self, call: &ToolCall, session: Option<&str>) -> Result<Prepared, ToolError> {
         let policy = self.policy();
         let tool = match policy.tools.get(&call.tool) {
-            Some(tool) => match self.settings_in(tool, session, false).0 {
-                ToolState::Active => tool.clone(),
-                state => return Err(unavailable(&tool.tool.name, state)),
-            },
+            Some(tool) => {
+                self.available_in(tool, session)?;
+                tool.clone()
+            }
             None => {
                 return Err(ToolError::new(
                     ErrorKind::UnknownTool,
@@ -468,7 +469,7 @@ impl Gate {
     /// Runs one call through the whole gate.
     pub async fn call(&self, call: &ToolCall, opts: &CallOptions) -> ToolResult {
         match self.admit(call, opts) {
-            Ok(admitted) => self.run_admitted(admitted, opts).await,
+            Ok(admitted) => self.run_decided(admitted, opts).await,
             Err(result) => result,
         }
     }
@@ -550,8 +551,18 @@ impl Gate {
         })
     }
 
-    /// Runs a call [`Gate::admit`] let through: its rate limits, then the sandbox.
+    /// Runs a call [`Gate::admit`] let through, perhaps a while ago (a daemon's call that
+    /// waited for a slot): decided again under the policy, tool states and plan mode in
+    /// force now, then its rate limits, then the sandbox.
     pub async fn run_admitted(&self, admitted: Admitted, opts: &CallOptions) -> ToolResult {
+        match self.readmit(admitted, opts) {
+            Ok(admitted) => self.run_decided(admitted, opts).await,
+            Err(result) => result,
+        }
+    }
+
+    /// Runs a call decided just now: its rate limits, then the sandbox.
+    async fn run_decided(&self, admitted: Admitted, opts: &CallOptions) -> ToolResult {
         let Admitted {
             call,
             prepared,

@@ -19,6 +19,7 @@ mod cli;
 mod daemon;
 mod daemon_descriptors;
 mod daemon_hostile;
+mod daemon_queue;
 mod daemon_stall;
 mod denials;
 mod egress;
