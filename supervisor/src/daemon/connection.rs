@@ -497,7 +497,7 @@ async fn serve_frames(
                     id: request.id,
                     body_json: body.to_string(),
                 };
-                airlock_protocol::frame::encode_frame(&response).unwrap_or_default()
+                super::framed::answer_frame(&response)
             });
             dispatch(conn, id, op, reply).await;
         }

@@ -21,6 +21,7 @@ mod client;
 mod connection;
 mod descriptors;
 mod dispatch;
+mod framed;
 mod metrics;
 mod metrics_http;
 mod sessions;
