@@ -164,7 +164,20 @@ pub struct CallRequest {
 #[serde(deny_unknown_fields)]
 pub struct CancelRequest {
     /// The id of the request to cancel.
+    #[serde(deserialize_with = "bounded_id")]
     pub target: Value,
+}
+
+/// A request id as its JSON value, refused by the length of its text before it is parsed:
+/// a 2 MiB array would otherwise become tens of megabytes of nodes first, on every request.
+fn bounded_id<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Value, D::Error> {
+    let raw = Box::<RawValue>::deserialize(deserializer)?;
+    if raw.get().len() > MAX_ID_BYTES {
+        return Err(serde::de::Error::custom(format_args!(
+            "target must be at most {MAX_ID_BYTES} bytes of JSON text"
+        )));
+    }
+    serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)
 }
 
 /// The fields of `execute`.
@@ -508,6 +521,31 @@ mod tests {
             refusal(r#"{"id":1,"id":2,"op":"health"}"#),
             RequestError::DuplicateField("id".into())
         );
+    }
+
+    #[test]
+    fn a_cancel_target_is_refused_by_its_text_before_it_is_parsed() {
+        let zeros = vec!["0"; 1_000_000].join(",");
+        let line = format!(r#"{{"id":1,"op":"cancel","target":[{zeros}]}}"#);
+        assert!(line.len() < MAX_REQUEST_BYTES);
+        // Refused while the op's fields are read, not by the id checks after a tree of a
+        // million nodes is built from it.
+        match refusal(&line) {
+            RequestError::Fields { op, message } => {
+                assert_eq!(op, "cancel");
+                assert!(message.contains("target"), "{message}");
+            }
+            other => panic!("refused too late: {other:?}"),
+        }
+        let long = format!(
+            r#"{{"op":"cancel","target":"{}"}}"#,
+            "x".repeat(MAX_ID_BYTES)
+        );
+        assert!(matches!(parse_op(&long), Err(RequestError::Fields { .. })));
+        let Ok(Op::Cancel(cancel)) = parse_op(r#"{"op":"cancel","target": "r-1"}"#) else {
+            panic!("a short target is refused")
+        };
+        assert_eq!(cancel.target, json!("r-1"));
     }
 
     #[test]
