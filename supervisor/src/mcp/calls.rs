@@ -4,12 +4,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
-use super::jsonrpc::{INVALID_PARAMS, INVALID_REQUEST, request_line, result_line};
+use super::jsonrpc::{
+    INVALID_PARAMS, INVALID_REQUEST, notification_line, request_line, result_line,
+};
 use super::{Session, lock, tools};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
@@ -181,7 +184,7 @@ async fn approve(
     }
     let answer = ask(session, &approval, signal).await;
     let action = match &answer {
-        Some(Ok(result)) => result.get("action").and_then(Value::as_str).unwrap_or(""),
+        Asked::Answered(Ok(result)) => result.get("action").and_then(Value::as_str).unwrap_or(""),
         _ => "",
     };
     if action != "accept" {
@@ -190,10 +193,18 @@ async fn approve(
             return None;
         }
         let why = match &answer {
-            Some(Ok(_)) if action.is_empty() => "the client's answer had no action".to_string(),
-            Some(Ok(_)) => format!("the user chose {:?}", crate::audit::sanitize(action)),
-            Some(Err(_)) => "the client could not ask its user".to_string(),
-            None => "the client went away".to_string(),
+            Asked::Answered(Ok(_)) if action.is_empty() => {
+                "the client's answer had no action".to_string()
+            }
+            Asked::Answered(Ok(_)) => {
+                format!("the user chose {:?}", crate::audit::sanitize(action))
+            }
+            Asked::Answered(Err(_)) => "the client could not ask its user".to_string(),
+            Asked::Unanswered => format!(
+                "no answer came within the approval's time to live ({:?})",
+                session.gate.policy().gate.approval_ttl
+            ),
+            Asked::Gone => "the client went away".to_string(),
         };
         let message = format!("approval {} was not given: {why}", approval.approval_id);
         return Some(rejected(ErrorKind::Denied, message));
@@ -214,13 +225,9 @@ fn prompt(approval: &Approval) -> String {
     )
 }
 
-/// Sends `elicitation/create` and waits for the client's answer; none when the call is
-/// cancelled or the session ends first.
-async fn ask(
-    session: &Session,
-    approval: &Approval,
-    signal: &CancelSignal,
-) -> Option<Result<Value, Value>> {
+/// Sends `elicitation/create` and waits for the client's answer, at most the policy's
+/// approval TTL.
+async fn ask(session: &Session, approval: &Approval, signal: &CancelSignal) -> Asked {
     let n = session.next_ask.fetch_add(1, Ordering::Relaxed);
     let id = Value::from(format!("airlock-elicit-{n}"));
     let key = id.to_string();
@@ -234,12 +241,45 @@ async fn ask(
     session
         .send(request_line(&id, "elicitation/create", params))
         .await;
-    let answer = tokio::select! {
-        answer = answered => answer.ok(),
-        () = signal.cancelled() => None,
-    };
+    // The approval expires after the TTL anyway: waiting longer would hold a slot for a
+    // yes that could no longer run anything.
+    let bound = session.gate.policy().gate.approval_ttl;
+    let asked = answer_within(answered, signal, bound).await;
     lock(&session.asked).remove(&key);
-    answer
+    if asked == Asked::Unanswered {
+        // MCP lets either side cancel its own request: the client can take its prompt
+        // down, and an answer it sends anyway is dropped as one to no question.
+        let params =
+            json!({"requestId": id, "reason": "unanswered within the approval's time to live"});
+        session
+            .send(notification_line("notifications/cancelled", Some(params)))
+            .await;
+    }
+    asked
+}
+
+/// What became of a question to the client.
+#[derive(Debug, PartialEq)]
+enum Asked {
+    /// The client answered: its result, or its error.
+    Answered(Result<Value, Value>),
+    /// No answer came within the bound.
+    Unanswered,
+    /// The call was cancelled, or the session ended, first.
+    Gone,
+}
+
+/// Waits for the client's answer on `answered`, at most `bound`.
+async fn answer_within(
+    answered: oneshot::Receiver<Result<Value, Value>>,
+    signal: &CancelSignal,
+    bound: Duration,
+) -> Asked {
+    tokio::select! {
+        answer = answered => answer.map_or(Asked::Gone, Asked::Answered),
+        () = signal.cancelled() => Asked::Gone,
+        () = tokio::time::sleep(bound) => Asked::Unanswered,
+    }
 }
 
 #[cfg(test)]
@@ -261,5 +301,34 @@ mod tests {
         assert!(call_params(Some(json!({"name": 3}))).is_err());
         assert!(call_params(Some(json!({"name": "t", "arguments": [1]}))).is_err());
         assert!(call_params(Some(json!({"name": "t", "arguments": "{}"}))).is_err());
+    }
+
+    // Paused time: the runtime jumps to the next timer when every task is idle, so a
+    // bound of minutes passes at once, and a bug that waits for ever hangs the test.
+    #[tokio::test(start_paused = true)]
+    async fn a_question_left_unanswered_ends_at_its_bound() {
+        let (_answer, answered) = oneshot::channel();
+        let started = tokio::time::Instant::now();
+        let bound = Duration::from_secs(15 * 60);
+        let asked = answer_within(answered, &CancelSignal::new(), bound).await;
+        assert_eq!(asked, Asked::Unanswered);
+        assert!(started.elapsed() >= bound);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_or_a_cancel_within_the_bound_is_taken() {
+        let (answer, answered) = oneshot::channel();
+        let bound = Duration::from_secs(60);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(59)).await;
+            let _ = answer.send(Ok(json!({"action": "accept"})));
+        });
+        let asked = answer_within(answered, &CancelSignal::new(), bound).await;
+        assert_eq!(asked, Asked::Answered(Ok(json!({"action": "accept"}))));
+
+        let (_answer, answered) = oneshot::channel();
+        let signal = CancelSignal::new();
+        signal.cancel();
+        assert_eq!(answer_within(answered, &signal, bound).await, Asked::Gone);
     }
 }

@@ -455,6 +455,28 @@ fn with_elicitation_an_accepted_approval_runs_and_a_declined_one_does_not() {
 }
 
 #[test]
+fn an_elicitation_left_unanswered_rejects_the_approval_when_its_ttl_ends() {
+    let _guard = airlock_tests::shared();
+    // The approval is refused without running anything: no sandbox needed.
+    let mut mcp = Mcp::start(&format!("{}\n[approvals]\nttl = \"1s\"\n", policy()), &[]);
+    mcp.initialize(json!({"elicitation": {}}));
+    mcp.send(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": {"name": "guarded", "arguments": {"text": "x"}}}));
+    let ask = mcp.next_where(|m| m["method"] == "elicitation/create");
+    let result = mcp.answer(&json!(1))["result"].clone();
+    assert_eq!(result["isError"], true, "{result}");
+    let text = text_of(&result);
+    assert!(text.starts_with("denied: "), "{result}");
+    assert!(text.contains("time to live"), "{result}");
+    let withdrawn = mcp.next_where(|m| m["method"] == "notifications/cancelled");
+    assert_eq!(withdrawn["params"]["requestId"], ask["id"], "{withdrawn}");
+    // A late answer is one to no question: dropped, and the server still serves.
+    mcp.send(json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "accept"}}));
+    let tools = mcp.request(json!(2), "tools/list", json!({}));
+    assert!(tools["result"]["tools"].is_array(), "{tools}");
+}
+
+#[test]
 fn a_reload_that_changes_the_tools_sends_list_changed() {
     let _guard = airlock_tests::shared();
     let mut mcp = Mcp::start(&policy(), &[]);
