@@ -64,7 +64,11 @@ export interface OverloadRetryOptions {
 }
 
 export interface ConnectOptions {
-  /** Give up one connection attempt after this long (default 5000). */
+  /**
+   * Give up one connection attempt after this long, its `health` handshake included
+   * (default 5000): a daemon that is stopped or out of descriptors leaves connections
+   * waiting unaccepted, and only the handshake's answer tells.
+   */
   connectTimeoutMs?: number;
   /** Attempts `connect` makes before it throws (default 1: fail fast). */
   connectAttempts?: number;
@@ -74,6 +78,8 @@ export interface ConnectOptions {
   overloadRetry?: OverloadRetryOptions | false;
   /** The session of every call, propose and execute that names none. */
   session?: string;
+  /** Aborting it while `connect` is under way gives up: `connect` rejects with `ClientClosedError`. */
+  signal?: AbortSignal;
 }
 
 export interface CallOptions {
@@ -128,7 +134,7 @@ class Connection {
   private buffer = "";
   private refusal: DaemonRefusedError | undefined;
   private failure: Error | undefined;
-  private closeError: TransportError | undefined;
+  private closeError: Error | undefined;
   private readonly whenClosed: Promise<void>;
 
   private constructor(
@@ -148,25 +154,39 @@ class Connection {
     });
   }
 
-  static open(socketPath: string, timeoutMs: number): Promise<Connection> {
+  /** Connects; aborting `stop` first destroys the socket and rejects with its reason. */
+  static open(socketPath: string, stop: AbortSignal): Promise<Connection> {
     return new Promise((resolve, reject) => {
+      if (stop.aborted) {
+        reject(stop.reason);
+        return;
+      }
       const socket = net.createConnection({ path: socketPath });
-      const timer = setTimeout(() => {
-        socket.destroy(new Error(`no connection within ${timeoutMs} ms`));
-      }, timeoutMs);
+      const abandon = () => {
+        socket.destroy();
+        reject(stop.reason);
+      };
+      stop.addEventListener("abort", abandon, { once: true });
       const failed = (error: Error) => {
-        clearTimeout(timer);
+        stop.removeEventListener("abort", abandon);
         reject(error);
       };
       socket.once("error", failed);
       socket.once("connect", () => {
-        clearTimeout(timer);
         socket.off("error", failed);
         const connection = new Connection(socket, socketPath);
         // One turn of the event loop before the first write: a daemon turning the
         // connection away writes its refusal line at once and closes, and a write to the
         // closed socket (EPIPE) would discard that line unread.
-        setImmediate(() => resolve(connection));
+        setImmediate(() => {
+          stop.removeEventListener("abort", abandon);
+          if (stop.aborted) {
+            void connection.destroy(stop.reason as Error);
+            reject(stop.reason);
+          } else {
+            resolve(connection);
+          }
+        });
       });
     });
   }
@@ -202,7 +222,7 @@ class Connection {
   }
 
   /** Closes the socket; requests in flight fail with `error`. */
-  destroy(error: TransportError): Promise<void> {
+  destroy(error: Error): Promise<void> {
     this.closeError ??= error;
     this.socket.destroy();
     return this.whenClosed;
@@ -259,7 +279,7 @@ class Connection {
     }
   }
 
-  private lostError(inFlight: number): TransportError {
+  private lostError(inFlight: number): Error {
     if (this.closeError) {
       return this.closeError;
     }
@@ -309,9 +329,21 @@ export class AirlockClient {
    */
   static async connect(socketPath: string, options: ConnectOptions = {}): Promise<AirlockClient> {
     const client = new AirlockClient(socketPath, options);
-    const connection = await client.open(Math.max(1, options.connectAttempts ?? 1));
-    client.connection = connection;
-    return client;
+    const signal = options.signal;
+    const giveUp = () => void client.close();
+    signal?.addEventListener("abort", giveUp, { once: true });
+    try {
+      if (signal?.aborted) {
+        throw new ClientClosedError();
+      }
+      client.connection = await client.open(Math.max(1, options.connectAttempts ?? 1));
+      return client;
+    } catch (error) {
+      await client.close();
+      throw error;
+    } finally {
+      signal?.removeEventListener("abort", giveUp);
+    }
   }
 
   /** The `health` answer of the current connection's handshake. */
@@ -525,17 +557,13 @@ export class AirlockClient {
         throw new ClientClosedError();
       }
       let connection: Connection;
-      try {
-        connection = await Connection.open(this.socketPath, this.options.connectTimeoutMs ?? 5000);
-      } catch (error) {
-        lastError = error;
-        continue;
-      }
       let answer: Answer;
       try {
-        answer = await connection.send(this.nextId(), { op: "health" });
+        ({ connection, answer } = await this.attempt());
       } catch (error) {
-        void connection.destroy(new ConnectionLostError("handshake failed"));
+        if (error instanceof ClientClosedError) {
+          throw error;
+        }
         if (error instanceof DaemonRefusedError && error.kind === "forbidden") {
           throw error;
         }
@@ -562,6 +590,46 @@ export class AirlockClient {
       throw lastError;
     }
     throw new ConnectError(this.socketPath, attempts, lastError);
+  }
+
+  /**
+   * One connection attempt and its `health` handshake, within `connectTimeoutMs` together:
+   * on a Unix socket the connection is made when the kernel queues it, so a daemon that is
+   * stopped or out of descriptors is only seen by its silence. `close()` ends the attempt.
+   * Whatever fails, the attempt's socket is destroyed.
+   */
+  private async attempt(): Promise<{ connection: Connection; answer: Answer }> {
+    const timeoutMs = this.options.connectTimeoutMs ?? 5000;
+    const stop = new AbortController();
+    let connection: Connection | undefined;
+    const timer = setTimeout(() => {
+      stop.abort(
+        new Error(
+          connection
+            ? `connected, but no answer to the handshake within ${timeoutMs} ms`
+            : `no connection and handshake within ${timeoutMs} ms`,
+        ),
+      );
+    }, timeoutMs);
+    const closed = () => stop.abort(new ClientClosedError());
+    this.closing.signal.addEventListener("abort", closed, { once: true });
+    if (this.closing.signal.aborted) {
+      closed();
+    }
+    const dropped = () => void connection?.destroy(stop.signal.reason as Error);
+    try {
+      connection = await Connection.open(this.socketPath, stop.signal);
+      stop.signal.addEventListener("abort", dropped, { once: true });
+      const answer = await connection.send(this.nextId(), { op: "health" });
+      return { connection, answer };
+    } catch (error) {
+      void connection?.destroy(stop.signal.aborted ? (stop.signal.reason as Error) : new ConnectionLostError("handshake failed"));
+      throw error;
+    } finally {
+      clearTimeout(timer);
+      this.closing.signal.removeEventListener("abort", closed);
+      stop.signal.removeEventListener("abort", dropped);
+    }
   }
 
   /** One request whose answer is a `result`; an `error` answer throws `RequestError`. */
@@ -630,7 +698,7 @@ export class AirlockClient {
 }
 
 /** The result record of a call cancelled before the daemon had it: nothing ran. */
-function notSent(callId: string, tool: string, message: string): ToolResult {
+export function notSent(callId: string, tool: string, message: string): ToolResult {
   return {
     call_id: callId,
     tool,
@@ -672,7 +740,7 @@ function pause(ms: number, ...signals: (AbortSignal | undefined)[]): Promise<boo
 }
 
 /** `promise`'s value, or undefined once `signal` aborts (the promise goes on unobserved). */
-function raceAbort<T>(promise: Promise<T>, signal: AbortSignal | undefined): Promise<T | undefined> {
+export function raceAbort<T>(promise: Promise<T>, signal: AbortSignal | undefined): Promise<T | undefined> {
   if (!signal) {
     return promise;
   }

@@ -11,7 +11,7 @@
  * sent, as are classes and arguments that are not plain JSON.
  */
 
-import { AirlockClient, type CallOptions, type ConnectOptions } from "./client.js";
+import { AirlockClient, notSent, raceAbort, type CallOptions, type ConnectOptions } from "./client.js";
 import { AirlockError, RequestError, describe } from "./errors.js";
 import type { ErrorKind, ToolResult } from "./protocol.js";
 
@@ -131,6 +131,8 @@ export class AirlockDriver implements SandboxDriver {
   private client: Promise<AirlockClient> | undefined;
   private readonly owned: boolean;
   private closed = false;
+  /** Aborted by `close`: ends a connection under way. */
+  private readonly closing = new AbortController();
 
   constructor(private readonly options: AirlockDriverOptions) {
     if (!options.client && !options.socketPath) {
@@ -166,13 +168,21 @@ export class AirlockDriver implements SandboxDriver {
     checkJson(args, "args", new Set());
     let result: ToolResult;
     try {
-      const client = await this.connect();
+      // The first run's connection is shared by the runs waiting on it: a run's signal
+      // stops its own wait, not the connection (which `connectTimeoutMs` bounds).
+      const client = await raceAbort(this.connect(), options.signal);
+      if (client === undefined) {
+        throw errorOf(notSent("", this.tool, "cancelled while connecting to the daemon"));
+      }
       const callOptions: CallOptions & { dryRun?: false } = {};
       if (options.signal) callOptions.signal = options.signal;
       if (this.options.session !== undefined) callOptions.session = this.options.session;
       if (this.options.timeoutMs !== undefined) callOptions.timeoutMs = this.options.timeoutMs;
       result = await client.call(this.tool, { source, args }, callOptions);
     } catch (error) {
+      if (error instanceof SandboxError) {
+        throw error;
+      }
       const refused = error instanceof RequestError;
       const what = refused ? "the daemon refused the run" : "the sandbox could not be reached";
       throw new SandboxError(`${what}: ${describe(error)}`, refused ? "request_refused" : "transport", undefined, {
@@ -205,6 +215,7 @@ export class AirlockDriver implements SandboxDriver {
   /** Releases the connection (a client passed in stays open). */
   async close(): Promise<void> {
     this.closed = true;
+    this.closing.abort();
     const client = this.client;
     this.client = undefined;
     if (client && this.owned) {
@@ -217,7 +228,22 @@ export class AirlockDriver implements SandboxDriver {
 
   private connect(): Promise<AirlockClient> {
     if (!this.client) {
-      const attempt = AirlockClient.connect(this.options.socketPath as string, this.options.connect);
+      const given = this.options.connect?.signal;
+      const stop = new AbortController();
+      const onAbort = () => stop.abort();
+      for (const signal of [given, this.closing.signal]) {
+        if (signal?.aborted) stop.abort();
+        signal?.addEventListener("abort", onAbort, { once: true });
+      }
+      const attempt = AirlockClient.connect(this.options.socketPath as string, {
+        ...this.options.connect,
+        signal: stop.signal,
+      });
+      const settled = () => {
+        given?.removeEventListener("abort", onAbort);
+        this.closing.signal.removeEventListener("abort", onAbort);
+      };
+      attempt.then(settled, settled);
       this.client = attempt;
       // A failed first connection is not kept: the next run tries again.
       attempt.catch(() => {
