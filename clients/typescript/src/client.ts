@@ -2,9 +2,11 @@
  * `AirlockClient`: one connection to `airlock serve`, many requests in flight on it.
  */
 
+import { constants as bufferConstants } from "node:buffer";
 import * as net from "node:net";
 
 import {
+  AnswerTooLargeError,
   ClientClosedError,
   ConnectError,
   ConnectionLostError,
@@ -47,6 +49,19 @@ import { Session, type SessionOpenOptions } from "./session.js";
 /** The daemon's longest request line (`MAX_REQUEST_BYTES`), newline included. */
 export const MAX_REQUEST_BYTES = 2 * 1024 * 1024;
 
+/**
+ * The longest answer line read by default (`maxAnswerBytes`): 256 MiB. A result record
+ * carries stdout and stderr, each up to the policy's `limits.output` (at most 64 MiB), as
+ * JSON strings, where a control byte takes 6 bytes (`\u0000`): ordinary text at the
+ * largest limits fits, but the worst case (about 800 MiB) is more than a string can hold
+ * in V8 (`buffer.constants.MAX_STRING_LENGTH`). A gateway whose policy allows such output
+ * raises `maxAnswerBytes` toward that bound or lowers the policy's `limits.output`.
+ */
+export const DEFAULT_MAX_ANSWER_BYTES = 256 * 1024 * 1024;
+
+/** Bytes at the start of an answer line searched for its id: `{"id":` and 256 bytes of id. */
+const ID_HEAD_BYTES = 512;
+
 export interface ReconnectOptions {
   /** Connection attempts after a drop, the first at once (default 5). */
   attempts?: number;
@@ -80,6 +95,12 @@ export interface ConnectOptions {
   session?: string;
   /** Aborting it while `connect` is under way gives up: `connect` rejects with `ClientClosedError`. */
   signal?: AbortSignal;
+  /**
+   * The longest answer line read (default `DEFAULT_MAX_ANSWER_BYTES`, 256 MiB; at most
+   * `buffer.constants.MAX_STRING_LENGTH`). A longer answer fails its request with
+   * `AnswerTooLargeError`; see there.
+   */
+  maxAnswerBytes?: number;
 }
 
 export interface CallOptions {
@@ -131,7 +152,11 @@ interface Pending {
 class Connection {
   closed = false;
   private readonly pending = new Map<string, Pending>();
-  private buffer = "";
+  /** The unfinished answer line, in the pieces it came in (none holds a newline). */
+  private parts: Buffer[] = [];
+  private partBytes = 0;
+  /** Discarding the rest of an answer too long to read, up to its newline. */
+  private skipping = false;
   private refusal: DaemonRefusedError | undefined;
   private failure: Error | undefined;
   private closeError: Error | undefined;
@@ -140,9 +165,9 @@ class Connection {
   private constructor(
     private readonly socket: net.Socket,
     private readonly socketPath: string,
+    private readonly maxAnswerBytes: number,
   ) {
-    socket.setEncoding("utf8");
-    socket.on("data", (chunk: string) => this.onData(chunk));
+    socket.on("data", (chunk: Buffer) => this.onData(chunk));
     socket.on("error", (error) => {
       this.failure ??= error;
     });
@@ -155,7 +180,7 @@ class Connection {
   }
 
   /** Connects; aborting `stop` first destroys the socket and rejects with its reason. */
-  static open(socketPath: string, stop: AbortSignal): Promise<Connection> {
+  static open(socketPath: string, maxAnswerBytes: number, stop: AbortSignal): Promise<Connection> {
     return new Promise((resolve, reject) => {
       if (stop.aborted) {
         reject(stop.reason);
@@ -174,7 +199,7 @@ class Connection {
       socket.once("error", failed);
       socket.once("connect", () => {
         socket.off("error", failed);
-        const connection = new Connection(socket, socketPath);
+        const connection = new Connection(socket, socketPath, maxAnswerBytes);
         // One turn of the event loop before the first write: a daemon turning the
         // connection away writes its refusal line at once and closes, and a write to the
         // closed socket (EPIPE) would discard that line unread.
@@ -228,21 +253,96 @@ class Connection {
     return this.whenClosed;
   }
 
-  private onData(chunk: string): void {
-    this.buffer += chunk;
-    let newline: number;
-    while ((newline = this.buffer.indexOf("\n")) >= 0) {
-      const line = this.buffer.slice(0, newline);
-      this.buffer = this.buffer.slice(newline + 1);
-      if (line.trim() !== "") {
-        this.onLine(line);
+  /**
+   * Splits what comes into answer lines. Only the new chunk is searched for a newline (the
+   * pieces kept hold none), and a line is joined once, when it is complete: linear in
+   * what the daemon sends. A line past `maxAnswerBytes` is never joined.
+   */
+  private onData(chunk: Buffer): void {
+    let start = 0;
+    if (this.skipping) {
+      const end = chunk.indexOf(0x0a);
+      if (end < 0) {
+        return;
       }
+      this.skipping = false;
+      start = end + 1;
+    }
+    let end: number;
+    while ((end = chunk.indexOf(0x0a, start)) >= 0) {
+      const piece = chunk.subarray(start, end);
+      start = end + 1;
+      const size = this.partBytes + piece.length;
+      const parts = this.parts;
+      this.parts = [];
+      this.partBytes = 0;
+      if (size > this.maxAnswerBytes) {
+        if (!this.tooLong(lineHead(parts, piece))) {
+          return;
+        }
+        continue;
+      }
+      this.onLine(parts.length === 0 ? piece : Buffer.concat([...parts, piece], size));
+      if (this.socket.destroyed) {
+        return;
+      }
+    }
+    if (start < chunk.length) {
+      const rest = chunk.subarray(start);
+      if (this.partBytes + rest.length > this.maxAnswerBytes) {
+        const head = lineHead(this.parts, rest);
+        this.parts = [];
+        this.partBytes = 0;
+        this.skipping = this.tooLong(head);
+        return;
+      }
+      this.parts.push(rest);
+      this.partBytes += rest.length;
     }
   }
 
-  private onLine(line: string): void {
+  /**
+   * An answer longer than `maxAnswerBytes`, of which `head` is the start: fails the request
+   * whose id it begins with and says to skip the rest of the line (true), or, with no id to
+   * read, drops the connection (false).
+   */
+  private tooLong(head: Buffer): boolean {
+    const id = leadingId(head);
+    const limit = this.maxAnswerBytes;
+    if (id === undefined) {
+      // No telling whose answer this is: skipping it would leave its request waiting for
+      // ever (calls have no deadline of their own here), so every request fails.
+      this.destroy(
+        new AnswerTooLargeError(
+          limit,
+          `the airlock daemon sent an answer longer than ${limit} bytes (maxAnswerBytes) that does not begin ` +
+            "with its id: every request in flight failed and the connection was dropped",
+        ),
+      );
+      return false;
+    }
+    const pending = this.pending.get(id);
+    if (pending) {
+      this.pending.delete(id);
+      pending.reject(
+        new AnswerTooLargeError(
+          limit,
+          `the airlock daemon's answer is longer than ${limit} bytes (maxAnswerBytes): raise maxAnswerBytes, ` +
+            "or lower the policy's limits.output",
+        ),
+      );
+    }
+    return true;
+  }
+
+  private onLine(bytes: Buffer): void {
+    let line: string;
     let answer: Answer;
     try {
+      line = bytes.toString("utf8");
+      if (line.trim() === "") {
+        return;
+      }
       answer = JSON.parse(line) as Answer;
     } catch (error) {
       this.destroy(new WireError(`the daemon sent a line that is not JSON: ${describe(error)}`));
@@ -313,6 +413,7 @@ export class AirlockClient {
   private readonly reconnect: Required<ReconnectOptions> | false;
   private readonly overloadRetry: Required<OverloadRetryOptions> | false;
   private lastHealth: Health | undefined;
+  private readonly maxAnswerBytes: number;
 
   private constructor(
     readonly socketPath: string,
@@ -321,6 +422,10 @@ export class AirlockClient {
     this.reconnect = options.reconnect === false ? false : { ...RECONNECT_DEFAULTS, ...options.reconnect };
     this.overloadRetry =
       options.overloadRetry === false ? false : { ...OVERLOAD_DEFAULTS, ...options.overloadRetry };
+    this.maxAnswerBytes = Math.min(
+      Math.max(1, options.maxAnswerBytes ?? DEFAULT_MAX_ANSWER_BYTES),
+      bufferConstants.MAX_STRING_LENGTH,
+    );
   }
 
   /**
@@ -618,7 +723,7 @@ export class AirlockClient {
     }
     const dropped = () => void connection?.destroy(stop.signal.reason as Error);
     try {
-      connection = await Connection.open(this.socketPath, stop.signal);
+      connection = await Connection.open(this.socketPath, this.maxAnswerBytes, stop.signal);
       stop.signal.addEventListener("abort", dropped, { once: true });
       const answer = await connection.send(this.nextId(), { op: "health" });
       return { connection, answer };
@@ -698,6 +803,39 @@ export class AirlockClient {
 }
 
 /** The result record of a call cancelled before the daemon had it: nothing ran. */
+export /** The first bytes of a line kept in `parts` and ending with `last`. */
+function lineHead(parts: Buffer[], last: Buffer): Buffer {
+  const pieces: Buffer[] = [];
+  let bytes = 0;
+  for (const piece of [...parts, last]) {
+    if (bytes >= ID_HEAD_BYTES) break;
+    const taken = piece.subarray(0, ID_HEAD_BYTES - bytes);
+    pieces.push(taken);
+    bytes += taken.length;
+  }
+  return Buffer.concat(pieces, bytes);
+}
+
+/** `{"id":` then a JSON string or integer, then what may follow a complete value. */
+const LEADING_ID = /^\s*\{\s*"id"\s*:\s*("(?:[^"\\\u0000-\u001f]|\\.)*"|-?\d+)\s*[,}]/;
+
+/**
+ * The id an answer line begins with, as `pending` keys it; undefined when it does not
+ * begin with one (the daemon writes `id` first in every answer with a `result`).
+ */
+function leadingId(head: Buffer): string | undefined {
+  const match = LEADING_ID.exec(head.toString("utf8"));
+  if (!match) {
+    return undefined;
+  }
+  try {
+    const id: unknown = JSON.parse(match[1] as string);
+    return typeof id === "string" ? id : JSON.stringify(id);
+  } catch {
+    return undefined;
+  }
+}
+
 export function notSent(callId: string, tool: string, message: string): ToolResult {
   return {
     call_id: callId,

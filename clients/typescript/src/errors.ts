@@ -69,6 +69,21 @@ export class DaemonRefusedError extends TransportError {
 /** The daemon sent something that is not a JSON answer line; the connection is dropped. */
 export class WireError extends TransportError {}
 
+/**
+ * An answer line longer than the client's `maxAnswerBytes`. When the line begins with its
+ * id (the daemon's answers do) only the request it answers fails and the rest of the line
+ * is skipped; otherwise there is no telling whose answer it is, every request in flight
+ * fails and the connection is dropped.
+ */
+export class AnswerTooLargeError extends WireError {
+  constructor(
+    readonly limit: number,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
 /** The daemon speaks another version of the wire contract than this package. */
 export class ProtocolMismatchError extends AirlockError {
   constructor(

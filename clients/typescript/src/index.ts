@@ -2,6 +2,7 @@ export * from "./protocol.js";
 export * from "./errors.js";
 export {
   AirlockClient,
+  DEFAULT_MAX_ANSWER_BYTES,
   MAX_REQUEST_BYTES,
   isApproval,
   isDryRun,

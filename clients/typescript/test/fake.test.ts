@@ -5,17 +5,20 @@
  */
 
 import assert from "node:assert/strict";
+import { once } from "node:events";
+import type * as net from "node:net";
 import { describe, it } from "node:test";
 
 import {
   AirlockClient,
+  AnswerTooLargeError,
   ClientClosedError,
   ConnectError,
   SandboxCancelledError,
   createAirlockDriver,
 } from "../dist/index.js";
 import { until } from "./daemon.js";
-import { record, startFake, startFrozenListener } from "./fake.js";
+import { record, startFake, startFrozenListener, type FakeConnection, type Json } from "./fake.js";
 
 const T = { timeout: 60_000 };
 
@@ -68,6 +71,107 @@ describe("connecting, the handshake included, is bounded", T, () => {
     } finally {
       await driver.close();
       await frozen.stop();
+    }
+  });
+});
+
+/** Writes `data` in pieces of `size` bytes, each after the last drained. */
+async function writeInPieces(socket: net.Socket, data: Buffer, size: number): Promise<void> {
+  for (let at = 0; at < data.length && !socket.destroyed; at += size) {
+    if (!socket.write(data.subarray(at, at + size))) {
+      await once(socket, "drain");
+    }
+  }
+}
+
+describe("answers are read in linear time, within maxAnswerBytes", T, () => {
+  it("reads a 32 MiB answer that comes in 64 KiB writes", async () => {
+    const stdout = "0123456789abcdef".repeat(2 * 1024 * 1024);
+    const fake = await startFake((request, connection) => {
+      const line = JSON.stringify({ id: request["id"], result: record({ stdout }) }) + "\n";
+      void writeInPieces(connection.socket, Buffer.from(line), 64 * 1024);
+    });
+    const client = await AirlockClient.connect(fake.path);
+    try {
+      const result = await client.call("t", {});
+      assert.equal(result.stdout.length, stdout.length);
+      assert.ok(result.stdout === stdout, "the answer's stdout, intact");
+    } finally {
+      await client.close();
+      await fake.close();
+    }
+  });
+
+  it("fails only the call whose answer is too long, and the connection stays usable", async () => {
+    const limit = 4096;
+    const head = (id: unknown) => `{"id":${JSON.stringify(id)},"result":{"call_id":"big","stdout":"`;
+    const tail = `","tool":"t"}}\n`;
+    const held: { small?: Json; big?: Json } = {};
+    let connection: FakeConnection | undefined;
+    const fake = await startFake((request, conn) => {
+      connection = conn;
+      const callId = request["call_id"];
+      if (callId === "small") {
+        held.small = request;
+      } else if (callId === "big") {
+        // More than the limit and no newline yet: the rest comes on "release".
+        held.big = request;
+        conn.socket.write(head(request["id"]) + "x".repeat(limit * 3));
+      } else if (callId === "whole") {
+        // An oversized answer whole, in one write.
+        conn.socket.write(head(request["id"]) + "y".repeat(limit * 3) + tail);
+      } else if (callId === "release") {
+        if (held.big) {
+          conn.socket.write("x".repeat(limit * 5) + tail);
+          conn.answer({ id: held.small?.["id"], result: record({ call_id: "small" }) });
+          delete held.big;
+        }
+        conn.answer({ id: request["id"], result: record({ call_id: "release" }) });
+      }
+    });
+    const client = await AirlockClient.connect(fake.path, { maxAnswerBytes: limit });
+    try {
+      const small = client.call("t", {}, { callId: "small" });
+      await fake.request((r) => r["call_id"] === "small");
+      await assert.rejects(client.call("t", {}, { callId: "big" }), (error: unknown) => {
+        assert.ok(error instanceof AnswerTooLargeError, String(error));
+        assert.equal(error.limit, limit);
+        return true;
+      });
+      const released = await client.call("t", {}, { callId: "release" });
+      assert.equal(released.call_id, "release");
+      assert.equal((await small).call_id, "small");
+      await assert.rejects(client.call("t", {}, { callId: "whole" }), AnswerTooLargeError);
+      assert.equal((await client.call("t", {}, { callId: "release" })).call_id, "release");
+      assert.equal(fake.connections.length, 1, "one connection throughout");
+      assert.ok(connection && !connection.socket.destroyed);
+    } finally {
+      await client.close();
+      await fake.close();
+    }
+  });
+
+  it("fails every call in flight when a too long answer's id cannot be read, then reconnects", async () => {
+    const limit = 4096;
+    const fake = await startFake((request, connection) => {
+      if (request["call_id"] === "big") {
+        connection.socket.write(`{"result":{"stdout":"${"x".repeat(limit * 3)}`);
+      } else if (request["call_id"] === "after") {
+        connection.answer({ id: request["id"], result: record({ call_id: "after" }) });
+      }
+    });
+    const client = await AirlockClient.connect(fake.path, { maxAnswerBytes: limit });
+    try {
+      const waiting = client.call("t", {}, { callId: "waiting" });
+      await fake.request((r) => r["call_id"] === "waiting");
+      const big = client.call("t", {}, { callId: "big" });
+      await assert.rejects(big, AnswerTooLargeError);
+      await assert.rejects(waiting, AnswerTooLargeError);
+      assert.equal((await client.call("t", {}, { callId: "after" })).call_id, "after");
+      assert.equal(fake.connections.length, 2);
+    } finally {
+      await client.close();
+      await fake.close();
     }
   });
 });
