@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from airlock_client import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    AnswerTooLarge,
     Client,
     ConnectionLost,
     DaemonUnavailable,
@@ -357,3 +359,71 @@ async def test_retries_are_bounded_and_the_last_overloaded_record_returned() -> 
             result = await client.call("t")
     assert result.error is not None and result.error.kind == "overloaded"
     assert len([r for r in fake.requests if r["op"] == "call"]) == 4
+
+
+def test_the_default_answer_limit_is_the_typescript_clients() -> None:
+    assert DEFAULT_MAX_ANSWER_BYTES == 256 << 20
+    assert Client("/nonexistent.sock").max_answer_bytes == DEFAULT_MAX_ANSWER_BYTES
+
+
+async def test_an_answer_too_long_fails_only_its_call_and_the_connection_stays() -> None:
+    limit = 4096
+
+    def head(rid: Any) -> bytes:
+        return b'{"id":%s,"result":{"call_id":"big","stdout":"' % json.dumps(rid).encode()
+
+    tail = b'","tool":"t"}}\n'
+    held: dict[str, Any] = {}
+
+    async def calls(request: dict[str, Any], answer: Answer) -> None:
+        writer = fake.writers[-1]
+        call_id = request.get("call_id")
+        if call_id == "small":
+            held["small"] = request["id"]
+        elif call_id == "big":
+            # More than the limit and no newline yet: the rest comes with "release".
+            held["big"] = request["id"]
+            writer.write(head(request["id"]) + b"x" * (limit * 3))
+        elif call_id == "whole":
+            # An answer too long, whole, in one write.
+            writer.write(head(request["id"]) + b"y" * (limit * 3) + tail)
+        elif call_id == "release":
+            if held.pop("big", None) is not None:
+                writer.write(b"x" * (limit * 5) + tail)
+                await answer({"id": held["small"], "result": record(call_id="small")})
+            await answer({"id": request["id"], "result": record(call_id="release")})
+
+    async with fake_daemon(health_then(calls)) as (fake, path):
+        async with Client.connect(path, max_answer_bytes=limit) as client:
+            small = asyncio.create_task(client.call("t", call_id="small"))
+            await _until(lambda: any(r.get("call_id") == "small" for r in fake.requests))
+            with pytest.raises(AnswerTooLarge) as caught:
+                await client.call("t", call_id="big")
+            assert caught.value.limit == limit
+            assert (await client.call("t", call_id="release")).call_id == "release"
+            assert (await small).call_id == "small"
+            with pytest.raises(AnswerTooLarge):
+                await client.call("t", call_id="whole")
+            assert (await client.call("t", call_id="release")).call_id == "release"
+            assert fake.connections == 1 and client.connected
+
+
+async def test_an_answer_too_long_without_an_id_fails_every_call_then_reconnects() -> None:
+    limit = 4096
+
+    async def calls(request: dict[str, Any], answer: Answer) -> None:
+        if request.get("call_id") == "big":
+            fake.writers[-1].write(b'{"result":{"stdout":"' + b"x" * (limit * 3))
+        elif request.get("call_id") == "after":
+            await answer({"id": request["id"], "result": record(call_id="after")})
+
+    async with fake_daemon(health_then(calls)) as (fake, path):
+        async with Client.connect(path, max_answer_bytes=limit) as client:
+            waiting = asyncio.create_task(client.call("t", call_id="waiting"))
+            await _until(lambda: any(r.get("call_id") == "waiting" for r in fake.requests))
+            with pytest.raises(AnswerTooLarge):
+                await client.call("t", call_id="big")
+            with pytest.raises(AnswerTooLarge):
+                await waiting
+            assert (await client.call("t", call_id="after")).call_id == "after"
+            assert fake.connections == 2

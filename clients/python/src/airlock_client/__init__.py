@@ -10,6 +10,7 @@ supervisor/src/daemon/protocol.schema.json); this package speaks
 """
 
 from .client import (
+    DEFAULT_MAX_ANSWER_BYTES,
     MAX_ID_BYTES,
     MAX_REQUEST_BYTES,
     PROTOCOL_VERSION,
@@ -18,6 +19,7 @@ from .client import (
 )
 from .errors import (
     AirlockError,
+    AnswerTooLarge,
     ClientClosed,
     ConnectionLost,
     DaemonUnavailable,
@@ -69,10 +71,12 @@ from .types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_MAX_ANSWER_BYTES",
     "MAX_ID_BYTES",
     "MAX_REQUEST_BYTES",
     "PROTOCOL_VERSION",
     "AirlockError",
+    "AnswerTooLarge",
     "Approval",
     "ApprovalMode",
     "CallResult",

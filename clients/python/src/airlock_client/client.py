@@ -14,12 +14,14 @@ import itertools
 import json
 import logging
 import os
+import re
 from collections.abc import Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Literal, overload
 
 from .errors import (
     AirlockError,
+    AnswerTooLarge,
     ClientClosed,
     ConnectionLost,
     DaemonUnavailable,
@@ -53,6 +55,19 @@ MAX_REQUEST_BYTES = 2 << 20
 
 MAX_ID_BYTES = 256
 """The longest ``call_id`` or ``session``, in bytes of UTF-8."""
+
+DEFAULT_MAX_ANSWER_BYTES = 256 << 20
+"""The longest answer line read by default (``max_answer_bytes``): 256 MiB, as in the
+TypeScript client. A result record carries stdout and stderr, each up to the policy's
+``limits.output`` (at most 64 MiB), as JSON strings, where a control byte takes six bytes
+(``\\u0000``): ordinary text at the largest limits fits, the worst case (about 800 MiB)
+does not. A gateway whose policy allows such output raises ``max_answer_bytes`` or lowers
+the policy's ``limits.output``."""
+
+_ID_HEAD_BYTES = 512
+"""Bytes at the start of an answer line searched for its id: ``{"id":`` and 256 of id."""
+
+_LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*("(?:[^"\\\x00-\x1f]|\\.)*"|-?[0-9]+)\s*[,}]')
 
 _STATES = ("active", "deferred", "suspended")
 
@@ -97,6 +112,19 @@ def _with_id(rid: int, body: bytes) -> bytes:
     return b'{"id":%d,%s\n' % (rid, body[1:])
 
 
+def _leading_id(head: bytes) -> int | str | None:
+    """The id an answer line begins with (the daemon writes ``id`` first in every answer
+    with a ``result``); None when it does not begin with one."""
+    match = _LEADING_ID.match(head)
+    if match is None:
+        return None
+    try:
+        rid = json.loads(match.group(1))
+    except ValueError:
+        return None
+    return rid if isinstance(rid, (int, str)) else None
+
+
 def _consume(future: asyncio.Future[Any]) -> None:
     """Marks a future's exception as seen: an abandoned request's failure is no news."""
     if not future.cancelled():
@@ -115,6 +143,7 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._scanned = 0  # bytes of the buffer known to hold no newline
+        self._skipping = False  # discarding the rest of an answer too long to read
         self._paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -132,6 +161,8 @@ class _Connection(asyncio.Protocol):
         kind, message = self._lost or (ConnectionLost, "the connection is closed")
         if kind is ConnectionLost:
             return ConnectionLost(message, self.refusal)
+        if kind is AnswerTooLarge:
+            return AnswerTooLarge(message, self._limit)
         return kind(message)
 
     def expect(self, rid: int) -> asyncio.Future[dict[str, Any]]:
@@ -171,19 +202,61 @@ class _Connection(asyncio.Protocol):
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if self._skipping:
+            end = data.find(b"\n")
+            if end < 0:
+                return
+            self._skipping = False
+            data = data[end + 1 :]
         buffer = self._buffer
         buffer += data
         start = 0
         while (end := buffer.find(b"\n", self._scanned)) >= 0:
-            line = bytes(buffer[start:end])
+            # A complete line is held to the limit as an unfinished one is: a line too long
+            # is never parsed, however it came.
+            too_long = end - start > self._limit
+            line = bytes(buffer[start : start + _ID_HEAD_BYTES] if too_long else buffer[start:end])
             start = self._scanned = end + 1
-            if not self._answer(line):
+            if not (self._too_long(line) if too_long else self._answer(line)):
                 return
         if start:
             del buffer[:start]
         self._scanned = len(buffer)
         if len(buffer) > self._limit:
-            self._abort(ProtocolError, f"an answer longer than {self._limit} bytes")
+            head = bytes(buffer[:_ID_HEAD_BYTES])
+            buffer.clear()
+            self._scanned = 0
+            self._skipping = self._too_long(head)
+
+    def _too_long(self, head: bytes) -> bool:
+        """An answer longer than the limit, of which ``head`` is the start: fails the
+        request whose id it begins with and says to skip the rest of the line (True), or,
+        with no id to read, drops the connection (False)."""
+        rid = _leading_id(head)
+        if rid is None:
+            # No telling whose answer this is: skipping it would leave its request waiting
+            # for ever (a call has no deadline of its own here), so every request fails.
+            self._abort(
+                AnswerTooLarge,
+                f"the daemon sent an answer longer than {self._limit} bytes "
+                "(max_answer_bytes) that does not begin with its id: every request in "
+                "flight failed and the connection was dropped",
+            )
+            return False
+        if not isinstance(rid, int) or (future := self.pending.pop(rid, None)) is None:
+            log.debug("skipped an answer too long to read for no request in flight: id %r", rid)
+        elif future.cancelled():
+            self.orphans[rid] = {"id": rid}  # answered, if unreadably: nothing to wait for
+        elif not future.done():
+            future.set_exception(
+                AnswerTooLarge(
+                    f"the daemon's answer is longer than {self._limit} bytes "
+                    "(max_answer_bytes): raise max_answer_bytes, or lower the policy's "
+                    "limits.output",
+                    self._limit,
+                )
+            )
+        return True
 
     def _answer(self, line: bytes) -> bool:
         try:
@@ -300,7 +373,9 @@ class Client:
       for an ``overloaded`` call, so retrying it is always safe.
     - ``cancel_grace`` (30 s): how long a cancelled task waits for the daemon to confirm
       the cancel before it gives up waiting.
-    - ``max_answer_bytes`` (64 MiB): the longest answer line read.
+    - ``max_answer_bytes`` (``DEFAULT_MAX_ANSWER_BYTES``, 256 MiB): the longest answer
+      line read. A longer one fails the request it answers with :class:`AnswerTooLarge`
+      and the connection goes on (see :data:`DEFAULT_MAX_ANSWER_BYTES` for the size).
 
     Not thread-safe: use it from one event loop.
     """
@@ -315,7 +390,7 @@ class Client:
         reconnect_max_delay: float = 1.0,
         overload_retries: int = 5,
         cancel_grace: float = 30.0,
-        max_answer_bytes: int = 64 << 20,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self.socket_path = os.fspath(socket_path)
         self.timeout = timeout
@@ -343,7 +418,7 @@ class Client:
         reconnect_max_delay: float = 1.0,
         overload_retries: int = 5,
         cancel_grace: float = 30.0,
-        max_answer_bytes: int = 64 << 20,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> _Connecting:
         """Connects, sends ``health`` and checks its ``protocol_version``.
 

@@ -55,6 +55,20 @@ class ProtocolError(TransportError):
     """An answer that does not follow the daemon's contract."""
 
 
+class AnswerTooLarge(ProtocolError):
+    """An answer line longer than the client's ``max_answer_bytes``.
+
+    When the line begins with its id (the daemon's answers do) only the request it answers
+    fails and the rest of the line is skipped; otherwise there is no telling whose answer
+    it is, every request in flight fails and the connection is dropped.
+    """
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        """The ``max_answer_bytes`` the answer was longer than."""
+
+
 class ProtocolMismatch(AirlockError):
     """The daemon speaks a version of the wire contract this client was not written for."""
 
