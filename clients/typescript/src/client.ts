@@ -767,6 +767,11 @@ export class AirlockClient {
       const answered = connection.send(id, request);
       const onAbort = () => connection.cancel(this.nextId(), id);
       signal?.addEventListener("abort", onAbort, { once: true });
+      // An abort between the connection's arrival and the listener has no event left.
+      if (signal?.aborted) {
+        signal.removeEventListener("abort", onAbort);
+        onAbort();
+      }
       let answer: Answer;
       try {
         answer = await answered;

@@ -175,3 +175,50 @@ describe("answers are read in linear time, within maxAnswerBytes", T, () => {
     }
   });
 });
+
+/**
+ * A daemon whose calls run until cancelled. `stats` ends the calls still running with a
+ * successful record, so a call whose cancel never came shows as not cancelled.
+ */
+async function startHoldingFake() {
+  const held = new Map<unknown, FakeConnection>();
+  const fake = await startFake((request, connection) => {
+    const id = request["id"];
+    if (request["op"] === "call") {
+      held.set(id, connection);
+    } else if (request["op"] === "cancel") {
+      const target = held.get(request["target"]);
+      held.delete(request["target"]);
+      const error = { kind: "cancelled", message: "cancelled by the client" };
+      target?.answer({ id: request["target"], result: record({ ok: false, error, exit_code: null }) });
+      connection.answer({ id, result: { cancelled: target !== undefined } });
+    } else if (request["op"] === "stats") {
+      for (const [callId, conn] of held) conn.answer({ id: callId, result: record() });
+      held.clear();
+      connection.answer({ id, result: {} });
+    }
+  });
+  return { fake, held };
+}
+
+describe("cancelling", T, () => {
+  it("cancels a call whose signal aborts just after it was sent", async () => {
+    const { fake } = await startHoldingFake();
+    const client = await AirlockClient.connect(fake.path);
+    try {
+      // However many turns the abort comes after, it is not lost.
+      for (let turns = 0; turns < 6; turns += 1) {
+        const controller = new AbortController();
+        const call = client.call("t", {}, { signal: controller.signal });
+        for (let i = 0; i < turns; i += 1) await null;
+        controller.abort();
+        await client.stats();
+        const result = await call;
+        assert.equal(result.error?.kind, "cancelled", `aborted after ${turns} turns: ${JSON.stringify(result)}`);
+      }
+    } finally {
+      await client.close();
+      await fake.close();
+    }
+  });
+});
