@@ -427,3 +427,79 @@ async def test_an_answer_too_long_without_an_id_fails_every_call_then_reconnects
                 await waiting
             assert (await client.call("t", call_id="after")).call_id == "after"
             assert fake.connections == 2
+
+
+def _cancelled_kind(result: Any) -> str | None:
+    return None if result.error is None else result.error.kind
+
+
+async def test_a_cancel_event_stops_waiting_for_a_silent_daemon_after_cancel_grace() -> None:
+    # Calls and cancels go unanswered.
+    async with fake_daemon(health_then()) as (fake, path):
+        async with Client.connect(path, cancel_grace=0.05) as client:
+            cancel = asyncio.Event()
+            call = asyncio.create_task(client.call("t", call_id="silent", cancel=cancel))
+            await _until(lambda: any(r.get("call_id") == "silent" for r in fake.requests))
+            cancel.set()
+            async with asyncio.timeout(60):  # a hang guard only
+                result = await call
+            assert _cancelled_kind(result) == "cancelled" and result.call_id == "silent"
+            assert result.error is not None and "did not answer the cancel" in result.error.message
+            sent = next(r for r in fake.requests if r.get("call_id") == "silent")
+            await _until(lambda: fake.requests[-1]["op"] == "cancel")
+            assert fake.requests[-1]["target"] == sent["id"]
+
+
+async def test_a_cancel_event_set_before_the_call_sends_nothing() -> None:
+    async with fake_daemon(health_then()) as (fake, path):
+        async with Client.connect(path) as client:
+            cancel = asyncio.Event()
+            cancel.set()
+            result = await client.call("t", call_id="never", cancel=cancel)
+            assert _cancelled_kind(result) == "cancelled" and result.attempts == 0
+            assert result.call_id == "never"
+            # Requests go out in order: once this health is answered, a call sent before
+            # it would have been seen.
+            await client.health()
+    assert [r["op"] for r in fake.requests] == ["health", "health"]
+
+
+async def test_a_cancel_event_set_while_connecting_gives_a_cancelled_record() -> None:
+    # The handshake is never answered: connecting goes on until the client closes.
+    async with fake_daemon() as (fake, path):
+        client = Client(path, timeout=3600)
+        try:
+            cancel = asyncio.Event()
+            call = asyncio.create_task(client.call("t", call_id="early", cancel=cancel))
+            await _until(lambda: bool(fake.requests))
+            cancel.set()
+            async with asyncio.timeout(60):  # a hang guard only
+                result = await call
+            assert _cancelled_kind(result) == "cancelled" and result.attempts == 0
+        finally:
+            await client.close()
+    assert [r["op"] for r in fake.requests] == ["health"]
+
+
+async def test_a_cancel_event_set_while_waiting_to_retry_gives_a_cancelled_record() -> None:
+    async def calls(request: dict[str, Any], answer: Answer) -> None:
+        if request["op"] == "cancel":
+            await answer({"id": request["id"], "result": {"cancelled": False}})
+            return
+        error = {"kind": "overloaded", "message": "full", "retry_after_ms": 3_600_000}
+        await answer(
+            {"id": request["id"], "result": record(call_id="busy", ok=False, error=error)}
+        )
+
+    async with fake_daemon(health_then(calls)) as (fake, path):
+        async with Client.connect(path) as client:
+            cancel = asyncio.Event()
+            call = asyncio.create_task(client.call("t", call_id="busy", cancel=cancel))
+            # Answered overloaded at once: the event is set in the hour-long wait to retry
+            # (or, on a slow turn, before the answer is read, which ends the same way).
+            await _until(lambda: any(r.get("call_id") == "busy" for r in fake.requests))
+            cancel.set()
+            async with asyncio.timeout(60):  # a hang guard only
+                result = await call
+            assert _cancelled_kind(result) == "cancelled" and result.call_id == "busy"
+            assert len([r for r in fake.requests if r["op"] == "call"]) == 1

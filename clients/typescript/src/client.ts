@@ -96,6 +96,12 @@ export interface ConnectOptions {
   /** Aborting it while `connect` is under way gives up: `connect` rejects with `ClientClosedError`. */
   signal?: AbortSignal;
   /**
+   * After a call's signal aborts, how long to wait for the daemon's answer (default 30000,
+   * as the Python client's `cancel_grace`); then the call resolves with a `cancelled`
+   * record the client made, saying the daemon did not answer.
+   */
+  cancelGraceMs?: number;
+  /**
    * The longest answer line read (default `DEFAULT_MAX_ANSWER_BYTES`, 256 MiB; at most
    * `buffer.constants.MAX_STRING_LENGTH`). A longer answer fails its request with
    * `AnswerTooLargeError`; see there.
@@ -235,6 +241,11 @@ class Connection {
       this.pending.set(id, { resolve, reject });
       this.socket.write(line);
     });
+  }
+
+  /** Stops waiting for request `id`'s answer: it is dropped when it comes. */
+  forget(id: string): void {
+    this.pending.delete(id);
   }
 
   /** Asks the daemon to cancel request `target`, if it is still in flight here. */
@@ -414,6 +425,7 @@ export class AirlockClient {
   private readonly overloadRetry: Required<OverloadRetryOptions> | false;
   private lastHealth: Health | undefined;
   private readonly maxAnswerBytes: number;
+  private readonly cancelGraceMs: number;
 
   private constructor(
     readonly socketPath: string,
@@ -422,6 +434,7 @@ export class AirlockClient {
     this.reconnect = options.reconnect === false ? false : { ...RECONNECT_DEFAULTS, ...options.reconnect };
     this.overloadRetry =
       options.overloadRetry === false ? false : { ...OVERLOAD_DEFAULTS, ...options.overloadRetry };
+    this.cancelGraceMs = Math.max(0, options.cancelGraceMs ?? 30_000);
     this.maxAnswerBytes = Math.min(
       Math.max(1, options.maxAnswerBytes ?? DEFAULT_MAX_ANSWER_BYTES),
       bufferConstants.MAX_STRING_LENGTH,
@@ -765,18 +778,39 @@ export class AirlockClient {
       }
       const id = this.nextId();
       const answered = connection.send(id, request);
-      const onAbort = () => connection.cancel(this.nextId(), id);
+      // After an abort the daemon's answer says how the call ended, but it is waited for
+      // only `cancelGraceMs`: a daemon that does not answer must not hold the caller.
+      let graceTimer: ReturnType<typeof setTimeout> | undefined;
+      let gaveUp: (() => void) | undefined;
+      const graceOver = new Promise<undefined>((resolve) => {
+        gaveUp = () => resolve(undefined);
+      });
+      const onAbort = () => {
+        connection.cancel(this.nextId(), id);
+        graceTimer = setTimeout(() => {
+          connection.forget(id);
+          gaveUp?.();
+        }, this.cancelGraceMs);
+      };
       signal?.addEventListener("abort", onAbort, { once: true });
       // An abort between the connection's arrival and the listener has no event left.
       if (signal?.aborted) {
         signal.removeEventListener("abort", onAbort);
         onAbort();
       }
-      let answer: Answer;
+      let answer: Answer | undefined;
       try {
-        answer = await answered;
+        answer = await Promise.race([answered, graceOver]);
       } finally {
         signal?.removeEventListener("abort", onAbort);
+        clearTimeout(graceTimer);
+      }
+      if (answer === undefined) {
+        return cancelledRecord(
+          callId,
+          tool,
+          `the daemon did not answer the cancel within ${this.cancelGraceMs} ms: the call may still be running`,
+        );
       }
       if (answer.error) {
         throw requestError(answer.error);
@@ -807,8 +841,7 @@ export class AirlockClient {
   }
 }
 
-/** The result record of a call cancelled before the daemon had it: nothing ran. */
-export /** The first bytes of a line kept in `parts` and ending with `last`. */
+/** The first bytes of a line kept in `parts` and ending with `last`. */
 function lineHead(parts: Buffer[], last: Buffer): Buffer {
   const pieces: Buffer[] = [];
   let bytes = 0;
@@ -841,7 +874,13 @@ function leadingId(head: Buffer): string | undefined {
   }
 }
 
+/** The result record of a call cancelled before the daemon had it: nothing ran. */
 export function notSent(callId: string, tool: string, message: string): ToolResult {
+  return cancelledRecord(callId, tool, message);
+}
+
+/** A `cancelled` result record made by the client, for want of the daemon's. */
+function cancelledRecord(callId: string, tool: string, message: string): ToolResult {
   return {
     call_id: callId,
     tool,

@@ -221,4 +221,70 @@ describe("cancelling", T, () => {
       await fake.close();
     }
   });
+
+  it("stops waiting for a daemon that does not answer the cancel after cancelGraceMs", async () => {
+    // Calls and cancels go unanswered.
+    const fake = await startFake();
+    const client = await AirlockClient.connect(fake.path, { cancelGraceMs: 50 });
+    try {
+      const controller = new AbortController();
+      const call = client.call("t", {}, { signal: controller.signal, callId: "silent" });
+      const sent = await fake.request((r) => r["call_id"] === "silent");
+      controller.abort();
+      const result = await call;
+      assert.equal(result.ok, false);
+      assert.equal(result.error?.kind, "cancelled");
+      assert.equal(result.call_id, "silent");
+      assert.match(result.error?.message ?? "", /did not answer the cancel within 50 ms/);
+      const cancel = await fake.request((r) => r["op"] === "cancel");
+      assert.equal(cancel["target"], sent["id"]);
+    } finally {
+      await client.close();
+      await fake.close();
+    }
+  });
+
+  it("sends nothing for a signal aborted before the call", async () => {
+    const fake = await startFake((request, connection) => connection.answer({ id: request["id"], result: {} }));
+    const client = await AirlockClient.connect(fake.path);
+    try {
+      const controller = new AbortController();
+      controller.abort();
+      const result = await client.call("t", {}, { signal: controller.signal });
+      assert.equal(result.error?.kind, "cancelled");
+      assert.equal(result.attempts, 0);
+      // Requests go out in order: once stats is answered, a call sent before it was seen.
+      await client.stats();
+    } finally {
+      await client.close();
+      await fake.close();
+    }
+    assert.deepEqual(
+      fake.requests.map((r) => r["op"]),
+      ["health", "stats"],
+    );
+  });
+
+  it("resolves cancelled when aborted while waiting to retry an overloaded call", async () => {
+    const overloaded = { kind: "overloaded", message: "full", retry_after_ms: 3_600_000 };
+    const fake = await startFake((request, connection) => {
+      const result = record({ ok: false, error: overloaded, exit_code: null, call_id: "busy", attempts: 0 });
+      connection.answer({ id: request["id"], result });
+    });
+    const client = await AirlockClient.connect(fake.path, { overloadRetry: { maxDelayMs: 3_600_000 } });
+    try {
+      const controller = new AbortController();
+      const call = client.call("t", {}, { signal: controller.signal, callId: "busy" });
+      // Answered overloaded at once: the abort comes in the retry's hour-long wait (or, on
+      // a slow turn, as the answer is read, which ends the same way).
+      await fake.request((r) => r["call_id"] === "busy");
+      controller.abort();
+      const result = await call;
+      assert.equal(result.error?.kind, "cancelled");
+      assert.equal(result.call_id, "busy");
+    } finally {
+      await client.close();
+      await fake.close();
+    }
+  });
 });

@@ -371,8 +371,8 @@ class Client:
       ``retry_after_ms`` is sent again after that wait, at most this many times; the last
       ``overloaded`` result is returned after that. 0 turns retrying off. Nothing ran
       for an ``overloaded`` call, so retrying it is always safe.
-    - ``cancel_grace`` (30 s): how long a cancelled task waits for the daemon to confirm
-      the cancel before it gives up waiting.
+    - ``cancel_grace`` (30 s): how long a cancelled call (its ``cancel`` event set, or its
+      task cancelled) waits for the daemon to answer the cancel before it gives up waiting.
     - ``max_answer_bytes`` (``DEFAULT_MAX_ANSWER_BYTES``, 256 MiB): the longest answer
       line read. A longer one fails the request it answers with :class:`AnswerTooLarge`
       and the connection goes on (see :data:`DEFAULT_MAX_ANSWER_BYTES` for the size).
@@ -567,10 +567,38 @@ class Client:
             conn.orphans.pop(rid, None)
         return _result_of(answer)
 
-    async def _call_once(self, line: bytes, cancel: asyncio.Event | None) -> Any:
+    async def _connection_unless(self, cancel: asyncio.Event) -> _Connection | None:
+        """The connection, or None when ``cancel`` is set first (the attempts go on for
+        the other requests waiting on them)."""
+        connecting = asyncio.ensure_future(self._connection())
+        waiter = asyncio.ensure_future(cancel.wait())
+        try:
+            await asyncio.wait((connecting, waiter), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not connecting.done():
+                # Only this wait ends: the attempts it shared are shielded.
+                connecting.cancel()
+                connecting.add_done_callback(_consume)
+        if not connecting.done():
+            return None
+        return connecting.result()
+
+    async def _call_once(
+        self, line: bytes, cancel: asyncio.Event | None, call_id: str, tool: str
+    ) -> Any:
         """Sends one call or execute; cancels it through the daemon when ``cancel`` is set
-        or the awaiting task is cancelled."""
-        conn = await self._connection()
+        or the awaiting task is cancelled. ``cancel`` set before the call was sent sends
+        nothing; set after, the daemon's answer is waited for at most ``cancel_grace``.
+        ``call_id`` and ``tool`` name the call in a record made here."""
+        if cancel is None:
+            conn = await self._connection()
+        elif cancel.is_set():
+            return _cancelled(call_id, tool, "cancelled before it was sent to the daemon")
+        elif (maybe := await self._connection_unless(cancel)) is None:
+            return _cancelled(call_id, tool, "cancelled while connecting to the daemon")
+        else:
+            conn = maybe
         rid = next(self._ids)
         future = conn.send(rid, _with_id(rid, line))
         try:
@@ -583,6 +611,14 @@ class Client:
                     waiter.cancel()
                 if not future.done():
                     conn.cancel(rid)
+                    await asyncio.wait((future,), timeout=self.cancel_grace)
+                    if not future.done():
+                        return _cancelled(
+                            call_id,
+                            tool,
+                            f"the daemon did not answer the cancel within {self.cancel_grace} s: "
+                            "the call may still be running",
+                        )
             answer = await future
         except asyncio.CancelledError:
             # The task was cancelled (which cancelled the future it awaited): have the
@@ -600,10 +636,12 @@ class Client:
             conn.orphans.pop(rid, None)
         return _result_of(answer)
 
-    async def _call_with_retries(self, line: bytes, cancel: asyncio.Event | None) -> Any:
+    async def _call_with_retries(
+        self, line: bytes, cancel: asyncio.Event | None, call_id: str, tool: str
+    ) -> Any:
         retries = 0
         while True:
-            result = await self._call_once(line, cancel)
+            result = await self._call_once(line, cancel, call_id, tool)
             wait = _overloaded_wait(result)
             if wait is None or retries >= self.overload_retries:
                 return result
@@ -616,7 +654,12 @@ class Client:
                 await asyncio.wait_for(cancel.wait(), wait)
             except TimeoutError:
                 continue
-            return result  # cancelled while waiting to retry: nothing ran
+            # Cancelled while waiting to retry: nothing ran, and a cancelled call says so.
+            return _cancelled(
+                _text_of(result, "call_id", call_id),
+                _text_of(result, "tool", tool),
+                "cancelled while waiting to retry an overloaded daemon",
+            )
 
     # --- the ops ----------------------------------------------------------------------
 
@@ -706,9 +749,12 @@ class Client:
         and protocol problems raise. Setting ``cancel``, or cancelling the awaiting task,
         sends the daemon's ``cancel`` for this call: with ``cancel`` the call returns the
         daemon's answer (``error.kind == "cancelled"``, or the result if it finished
-        first); a cancelled task waits for that answer (at most ``cancel_grace``) and
-        then raises ``CancelledError`` as asyncio expects. ``overloaded`` answers are
-        retried after their ``retry_after_ms`` (see ``overload_retries``).
+        first), or after ``cancel_grace`` without one a ``cancelled`` record saying so; an
+        event set before the call was sent (or while connecting, or while waiting to retry)
+        sends nothing more and returns a ``cancelled`` record with ``attempts`` 0. A
+        cancelled task waits for that answer (at most ``cancel_grace``) and then raises
+        ``CancelledError`` as asyncio expects. ``overloaded`` answers are retried after
+        their ``retry_after_ms`` (see ``overload_retries``).
 
         ``dry_run=True`` returns a :class:`DryRun` saying what would run, or the result
         record of a call refused before deciding (unknown tool, invalid input).
@@ -720,11 +766,12 @@ class Client:
             body["timeout_ms"] = timeout_ms
         if dry_run:
             body["dry_run"] = True
-            result = await self._call_once(_encode(body), cancel)
+            result = await self._call_once(_encode(body), cancel, call_id or "", tool)
             if isinstance(result, dict) and "dry_run" in result:
                 return DryRun.from_json(result["dry_run"])
             return CallResult.from_json(result)
-        return CallResult.from_json(await self._call_with_retries(_encode(body), cancel))
+        line = _encode(body)
+        return CallResult.from_json(await self._call_with_retries(line, cancel, call_id or "", tool))
 
     async def propose(
         self,
@@ -757,7 +804,7 @@ class Client:
         body: dict[str, Any] = {"op": "execute", "approval_id": _str("approval_id", approval_id)}
         if session is not None:
             body["session"] = _short_text("session", session)
-        return CallResult.from_json(await self._call_with_retries(_encode(body), cancel))
+        return CallResult.from_json(await self._call_with_retries(_encode(body), cancel, "", ""))
 
     async def reject(self, approval_id: str) -> bool:
         """``reject``: deletes a pending approval; whether it existed."""
@@ -936,6 +983,35 @@ def _result_of(answer: dict[str, Any]) -> Any:
     if isinstance(error, dict):
         raise RequestError.from_json(error)
     raise ProtocolError(f"an answer with neither result nor error: {answer!r:.200}")
+
+
+def _cancelled(call_id: str, tool: str, message: str) -> dict[str, Any]:
+    """A ``cancelled`` result record made by the client, for want of the daemon's: the call
+    was never sent (``attempts`` 0), or the daemon did not answer its cancel."""
+    return {
+        "call_id": call_id,
+        "tool": tool,
+        "ok": False,
+        "output": None,
+        "error": {"kind": "cancelled", "message": message},
+        "exit_code": None,
+        "signal": None,
+        "stdout": "",
+        "stderr": "",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "duration_ms": 0,
+        "attempts": 0,
+        "usage": {"cpu_ms": 0, "peak_memory_bytes": None},
+        "isolation": None,
+        "network": None,
+        "denials": [],
+    }
+
+
+def _text_of(result: Any, key: str, default: str) -> str:
+    value = result.get(key) if isinstance(result, dict) else None
+    return value if isinstance(value, str) else default
 
 
 def _overloaded_wait(result: Any) -> float | None:
