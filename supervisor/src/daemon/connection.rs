@@ -14,6 +14,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::budget::Held;
 use super::dispatch::dispatch;
+use super::fair::{ConnId, Slot, connection_id};
 use super::wire::{FrameRequest, FrameResponse, MAX_REQUEST_BYTES, RequestError};
 use super::{DaemonConfig, Shared};
 use crate::cancel::CancelSignal;
@@ -43,7 +44,7 @@ struct Outgoing {
     /// When it must be written whole: `--write-timeout` after it took its budget.
     deadline: tokio::time::Instant,
     _budget: Option<OwnedSemaphorePermit>,
-    _slot: Option<OwnedSemaphorePermit>,
+    _slot: Option<Slot>,
 }
 
 /// Where one connection's answers go.
@@ -59,7 +60,7 @@ impl Answers {
     /// Queues `bytes`, waiting for their share of the output budget and a place in this
     /// connection's queue; `slot` is given back as their writing starts. Dropped when the
     /// connection is gone.
-    pub(super) async fn send(&self, bytes: Vec<u8>, slot: Option<OwnedSemaphorePermit>) {
+    pub(super) async fn send(&self, bytes: Vec<u8>, slot: Option<Slot>) {
         // An answer larger than the whole budget waits for all of it.
         let wanted = u32::try_from(bytes.len().clamp(1, self.budget_permits)).unwrap_or(u32::MAX);
         let budget = tokio::select! {
@@ -84,6 +85,8 @@ impl Answers {
 
 /// One client connection, as its requests see it.
 pub(super) struct Conn {
+    /// Which connection it is, for sharing slots fairly.
+    pub(super) id: ConnId,
     pub(super) shared: Arc<Shared>,
     /// Where its answers go.
     pub(super) answers: Answers,
@@ -241,6 +244,7 @@ pub(super) async fn serve_connection(
     };
     let held = shared.input.holder();
     let conn = Conn {
+        id: connection_id(),
         shared: Arc::clone(&shared),
         answers,
         in_flight: Arc::clone(&in_flight),

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use super::Shared;
 use super::budget::Held;
 use super::connection::{Conn, InFlight, Reply};
+use super::fair::{Place, PushedOut};
 use super::wire::{CallRequest, ExecuteRequest, Op, RequestError, error_body};
 use crate::call::ToolCall;
 use crate::cancel::CancelSignal;
@@ -411,54 +412,71 @@ where
             .await;
         return;
     };
-    // A free slot is taken here, in request order, not later in the call's task: two
-    // requests read in one burst (a busy daemon) both saw the slot free, both were
-    // admitted, and their tasks raced for it — the second could run while the first
-    // waited, beyond --max-queued 0 (seen once in the VM matrix under emulation). Tokio's
-    // semaphore hands released permits to waiters first, so this never jumps the queue.
+    // A free slot or a place in the queue is taken here, in request order, not later in
+    // the call's task: two requests read in one burst (a busy daemon) both saw the slot
+    // free, both were admitted, and their tasks raced for it — the second could run while
+    // the first waited, beyond --max-queued 0 (seen once in the VM matrix under emulation).
     let queued_at = std::time::Instant::now();
-    let slot = Arc::clone(&shared.slots).try_acquire_owned().ok();
-    let waiting = if slot.is_none() {
-        shared.stats.queued.fetch_add(1, Ordering::SeqCst)
-    } else {
-        0
+    let (slot, waiting) = match shared.slots.enter(conn.id) {
+        Place::Now(slot) => (Some(slot), None),
+        Place::Queued(waiting) => {
+            shared.stats.queued.fetch_add(1, Ordering::SeqCst);
+            (None, Some(waiting))
+        }
+        Place::Full { queued } => {
+            shared.stats.overloaded.fetch_add(1, Ordering::Relaxed);
+            forget(in_flight, &admission.key).await;
+            let message = format!(
+                "{} calls running and {queued} queued; try again later",
+                shared.config.max_concurrent
+            );
+            let retry = retry_after_ms(queued, shared.room.calls_at_once(&shared.config));
+            answers
+                .send(reply(overloaded(message, Some(retry))), None)
+                .await;
+            return;
+        }
     };
-    if slot.is_none() && waiting >= shared.config.max_queued {
-        shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
-        shared.stats.overloaded.fetch_add(1, Ordering::Relaxed);
-        forget(in_flight, &admission.key).await;
-        let message = format!(
-            "{} calls running and {waiting} queued; try again later",
-            shared.config.max_concurrent
-        );
-        let retry = retry_after_ms(waiting, shared.room.calls_at_once(&shared.config));
-        answers
-            .send(reply(overloaded(message, Some(retry))), None)
-            .await;
-        return;
-    }
     let shared = Arc::clone(shared);
     let in_flight = Arc::clone(in_flight);
     let answers = answers.clone();
     tokio::spawn(async move {
-        let permit = match slot {
-            Some(slot) => Some(slot),
-            None => {
+        let permit = match (slot, waiting) {
+            (Some(slot), _) => Ok(slot),
+            (None, Some(waiting)) => {
                 let permit = tokio::select! {
-                    permit = Arc::clone(&shared.slots).acquire_owned() => permit.ok(),
-                    () = signal.cancelled() => None,
+                    granted = waiting.slot() => granted.map_err(|PushedOut| Refused::PushedOut),
+                    () = signal.cancelled() => Err(Refused::Cancelled),
                 };
                 shared.stats.queued.fetch_sub(1, Ordering::SeqCst);
                 permit
             }
+            (None, None) => Err(Refused::Cancelled),
         };
         let (body, slot) = match permit {
-            None => {
+            Err(Refused::Cancelled) => {
                 let result = cancelled_while_queued(&admission.call);
                 counted(&shared, &result);
                 (json!({"result": result}), None)
             }
-            Some(permit) => {
+            Err(Refused::PushedOut) => {
+                shared.stats.overloaded.fetch_add(1, Ordering::Relaxed);
+                let queued = shared.slots.queued();
+                let error = ToolError {
+                    retry_after_ms: Some(retry_after_ms(
+                        queued,
+                        shared.room.calls_at_once(&shared.config),
+                    )),
+                    ..ToolError::new(
+                        ErrorKind::Overloaded,
+                        "its place in the queue went to a client with fewer calls waiting; try again later",
+                    )
+                };
+                let result = shared.gate.refuse(&admission.call, &refused_opts, error);
+                counted(&shared, &result);
+                (json!({"result": result}), None)
+            }
+            Ok(permit) => {
                 // Then the descriptors the call may hold: under a tight open-file limit it
                 // waits for them, holding its slot, rather than fail for want of one.
                 let policy = shared.gate.policy();
@@ -485,6 +503,12 @@ where
         forget(&in_flight, &admission.key).await;
         answers.send(reply(body), slot).await;
     });
+}
+
+/// Why a queued call got no slot.
+enum Refused {
+    Cancelled,
+    PushedOut,
 }
 
 /// The record of a call cancelled before it ran.

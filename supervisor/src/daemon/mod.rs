@@ -21,6 +21,7 @@ mod client;
 mod connection;
 mod descriptors;
 mod dispatch;
+mod fair;
 mod framed;
 mod metrics;
 mod metrics_http;
@@ -192,7 +193,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 struct Shared {
     gate: Arc<Gate>,
     config: DaemonConfig,
-    slots: Arc<Semaphore>,
+    slots: Arc<fair::FairSlots>,
     /// Open connections' places.
     connections: Arc<Semaphore>,
     /// Refused peers' connections being wound down (see `connection::linger`): few, so that
@@ -294,7 +295,7 @@ pub async fn serve(
         }
     }
     let shared = Arc::new(Shared {
-        slots: Arc::new(Semaphore::new(config.max_concurrent.max(1))),
+        slots: fair::FairSlots::new(config.max_concurrent.max(1), config.max_queued),
         connections: Arc::new(Semaphore::new(config.max_connections.max(1))),
         lingering: Arc::new(Semaphore::new(LINGERING_REFUSALS)),
         input: budget::ByteBudget::new(config.max_input_bytes.max(MAX_REQUEST_BYTES)),

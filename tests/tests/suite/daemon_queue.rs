@@ -1,5 +1,6 @@
-//! Calls waiting for a concurrency slot are decided again when they get one: a tool
-//! suspended, a session put in plan mode or a policy reloaded while they waited binds them.
+//! Calls waiting for a concurrency slot: they are decided again when they get one (a tool
+//! suspended, a session put in plan mode or a policy reloaded while they waited binds
+//! them), and the slots and the queue are shared fairly between connections.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -108,4 +109,43 @@ fn a_queued_call_of_a_tool_a_reload_removed_is_refused_unrun() {
     });
     assert_eq!(result["error"]["kind"], "unknown_tool", "{result}");
     assert_ne!(result["stdout"], "ran\n", "{result}");
+}
+
+#[test]
+fn a_freed_slot_goes_to_a_client_that_waited_less_often_not_to_the_longest_queue() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = Daemon::start(&["--max-concurrent", "1"]);
+    let mut admin = Conn::open(&daemon);
+    let mut greedy = Conn::open(&daemon);
+    greedy.send(&json!({"id": "g1", "op": "call", "tool": "sleep",
+        "arguments": {"seconds": "1"}}));
+    wait_until("the greedy client's first call holds the slot", || {
+        admin.stat("in_flight") == 1
+    });
+    for id in ["g2", "g3"] {
+        greedy.send(&json!({"id": id, "op": "call", "tool": "sleep",
+            "arguments": {"seconds": "300"}}));
+    }
+    wait_until("the greedy client's calls wait", || {
+        admin.stat("queued") == 2
+    });
+    let mut polite = Conn::open(&daemon);
+    let answer = polite.ask(&json!({"id": "p", "op": "call", "tool": "echo",
+        "arguments": {"text": "my turn"}}));
+    assert_eq!(answer["result"]["ok"], true, "{answer}");
+    // First come would have run both of the greedy client's 300 s calls first.
+    greedy.stream.set_nonblocking(true).unwrap();
+    let mut seen = String::new();
+    let _ = std::io::Read::read_to_string(&mut greedy.reader, &mut seen);
+    assert!(
+        !seen.contains("\"g2\"") && !seen.contains("\"g3\""),
+        "{seen}"
+    );
+    // And then the greedy client's next call has the slot.
+    wait_until("the greedy client's next call runs", || {
+        admin.stat("in_flight") == 1 && admin.stat("queued") == 1
+    });
 }
