@@ -221,7 +221,7 @@ pub(super) async fn dispatch(conn: &Conn, id: Value, op: Result<Op, RequestError
         | Op::Changes(_)
         | Op::SessionClose(_)
         | Op::SessionSet(_)) => {
-            let body = super::sessions::answer(&shared.gate, op).await;
+            let body = super::sessions::answer(&shared.gate, &shared.session_ops, op).await;
             answers.send(reply(body), None).await;
         }
     }

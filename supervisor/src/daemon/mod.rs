@@ -194,6 +194,8 @@ struct Shared {
     gate: Arc<Gate>,
     config: DaemonConfig,
     slots: Arc<fair::FairSlots>,
+    /// Session ops running at once.
+    session_ops: Arc<Semaphore>,
     /// Open connections' places.
     connections: Arc<Semaphore>,
     /// Refused peers' connections being wound down (see `connection::linger`): few, so that
@@ -296,6 +298,7 @@ pub async fn serve(
     }
     let shared = Arc::new(Shared {
         slots: fair::FairSlots::new(config.max_concurrent.max(1), config.max_queued),
+        session_ops: Arc::new(Semaphore::new(sessions::SESSION_OPS_AT_ONCE)),
         connections: Arc::new(Semaphore::new(config.max_connections.max(1))),
         lingering: Arc::new(Semaphore::new(LINGERING_REFUSALS)),
         input: budget::ByteBudget::new(config.max_input_bytes.max(MAX_REQUEST_BYTES)),

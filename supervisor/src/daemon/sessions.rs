@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 
 use super::wire::{
     GetFileRequest, Op, PutFileRequest, SessionOpenRequest, SessionRequest, SessionSetRequest,
@@ -38,10 +39,15 @@ pub(super) fn keep_sweeping(gate: &Arc<Gate>) -> Option<tokio::task::JoinHandle<
     }))
 }
 
-/// Answers one session op (the `result` or `error` body).
-pub(super) async fn answer(gate: &Arc<Gate>, op: Op) -> Value {
+/// Session ops running at once over all connections. Each may hold a workspace's listing
+/// (`changes`: up to the walk's bound of paths, several times over while it is answered) or
+/// a file's bytes: a hundred connections each asking at once would hold gigabytes.
+pub(super) const SESSION_OPS_AT_ONCE: usize = 4;
+
+/// Answers one session op (the `result` or `error` body), once one of `at_once` is free.
+pub(super) async fn answer(gate: &Arc<Gate>, at_once: &Arc<Semaphore>, op: Op) -> Value {
     let gate = Arc::clone(gate);
-    tokio::task::spawn_blocking(move || match gate.sessions() {
+    bounded(at_once, move || match gate.sessions() {
         Some(sessions) => run(&gate, sessions, op),
         None => error_body(
             "sandbox_unavailable",
@@ -49,7 +55,21 @@ pub(super) async fn answer(gate: &Arc<Gate>, op: Op) -> Value {
         ),
     })
     .await
-    .unwrap_or_else(|_| error_body("sandbox_unavailable", "the session op failed"))
+    .unwrap_or_else(|| error_body("sandbox_unavailable", "the session op failed"))
+}
+
+/// Runs `work` on the blocking pool while holding one of `at_once`; `None` if it panicked.
+async fn bounded<T: Send + 'static>(
+    at_once: &Arc<Semaphore>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let permit = Arc::clone(at_once).acquire_owned().await.ok()?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .ok()
 }
 
 fn run(gate: &Gate, sessions: &Sessions, op: Op) -> Value {
@@ -129,6 +149,22 @@ fn run(gate: &Gate, sessions: &Sessions, op: Op) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn session_ops_wait_for_a_free_place() {
+        let at_once = Arc::new(Semaphore::new(1));
+        let held = Arc::clone(&at_once).acquire_owned().await.unwrap();
+        let waiting = tokio::spawn({
+            let at_once = Arc::clone(&at_once);
+            async move { bounded(&at_once, || 7).await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "ran without a place");
+        drop(held);
+        assert_eq!(waiting.await.unwrap(), Some(7));
+    }
 
     #[test]
     fn file_contents_are_strict_padded_standard_base64() {
