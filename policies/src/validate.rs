@@ -69,7 +69,10 @@ mod bounds {
     pub const MEMORY_BYTES: (u64, u64) = (8 << 20, 64 << 30);
     pub const PIDS: (i64, i64) = (1, 65_536);
     pub const TIMEOUT_MAX: Duration = Duration::from_secs(24 * 3600);
-    pub const OUTPUT_BYTES: (u64, u64) = (1, 64 << 20);
+    /// Per stream. The worker reports both streams in one frame of at most 16 MiB, and a
+    /// daemon's JSON answer can take six bytes for each byte of output: 4 MiB keeps both
+    /// within what they carry.
+    pub const OUTPUT_BYTES: (u64, u64) = (1, 4 << 20);
     pub const OPEN_FILES: (i64, i64) = (8, 65_536);
     pub const FILE_SIZE_BYTES: (u64, u64) = (1, 1 << 40);
     pub const TMPFS_BYTES: (u64, u64) = (4 << 10, 64 << 30);

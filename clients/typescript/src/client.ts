@@ -51,11 +51,9 @@ export const MAX_REQUEST_BYTES = 2 * 1024 * 1024;
 
 /**
  * The longest answer line read by default (`maxAnswerBytes`): 256 MiB. A result record
- * carries stdout and stderr, each up to the policy's `limits.output` (at most 64 MiB), as
- * JSON strings, where a control byte takes 6 bytes (`\u0000`): ordinary text at the
- * largest limits fits, but the worst case (about 800 MiB) is more than a string can hold
- * in V8 (`buffer.constants.MAX_STRING_LENGTH`). A gateway whose policy allows such output
- * raises `maxAnswerBytes` toward that bound or lowers the policy's `limits.output`.
+ * carries stdout and stderr, each up to the policy's `limits.output` (at most 4 MiB), as
+ * JSON strings, where a control byte takes 6 bytes (`\u0000`): even the worst case at the
+ * largest limit (about 50 MiB) fits.
  */
 export const DEFAULT_MAX_ANSWER_BYTES = 256 * 1024 * 1024;
 

@@ -109,6 +109,49 @@ fn output_flood_is_truncated_with_the_flag_set() {
 }
 
 #[test]
+fn the_largest_output_limit_fits_both_streams_in_one_report_and_no_larger_is_taken() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    // Over the largest limit on both streams: each is cut there, and the worker's report
+    // carrying both still fits in one frame.
+    let scratch = Scratch::new("largest-output");
+    let limits = format!(
+        "output = \"4MiB\", memory = \"512MiB\", timeout = {}",
+        hang_guard_toml()
+    );
+    let policy = scratch.write("p.toml", &test_policy(&[], &limits, "none"));
+    let result = exec_json(
+        Some(&policy),
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "head -c 5000000 /dev/zero | tr '\\0' a; head -c 5000000 /dev/zero | tr '\\0' b >&2",
+        ],
+    );
+    assert_eq!(result["ok"], true, "{}", result["error"]);
+    assert_eq!(result["stdout_truncated"], true);
+    assert_eq!(result["stderr_truncated"], true);
+    assert_eq!(stdout_of(&result).len(), 4 << 20);
+    assert_eq!(result["stderr"].as_str().unwrap().len(), 4 << 20);
+    // A larger limit, whose two streams could not travel in one report, is refused.
+    let larger = test_policy(&[], "output = \"16MiB\"", "none");
+    let Err(airlock_policy::PolicyError::Invalid { diagnostics, .. }) =
+        load_policy_str(&larger, "p.toml")
+    else {
+        panic!("an output limit of 16 MiB was taken");
+    };
+    assert!(
+        diagnostics
+            .iter()
+            .any(|d| d.message.contains("limits.output")),
+        "{diagnostics:?}"
+    );
+}
+
+#[test]
 fn fd_bomb_hits_the_open_files_limit() {
     let _guard = airlock_tests::shared();
     if !sandbox_available() {

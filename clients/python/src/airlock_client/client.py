@@ -59,10 +59,8 @@ MAX_ID_BYTES = 256
 DEFAULT_MAX_ANSWER_BYTES = 256 << 20
 """The longest answer line read by default (``max_answer_bytes``): 256 MiB, as in the
 TypeScript client. A result record carries stdout and stderr, each up to the policy's
-``limits.output`` (at most 64 MiB), as JSON strings, where a control byte takes six bytes
-(``\\u0000``): ordinary text at the largest limits fits, the worst case (about 800 MiB)
-does not. A gateway whose policy allows such output raises ``max_answer_bytes`` or lowers
-the policy's ``limits.output``."""
+``limits.output`` (at most 4 MiB), as JSON strings, where a control byte takes six bytes
+(``\\u0000``): even the worst case at the largest limit (about 50 MiB) fits."""
 
 _ID_HEAD_BYTES = 512
 """Bytes at the start of an answer line searched for its id: ``{"id":`` and 256 of id."""
