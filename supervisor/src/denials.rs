@@ -194,6 +194,9 @@ impl Drop for SeccompWatch {
     }
 }
 
+/// Notifications answered before the watch gives its thread back to the runtime.
+const ANSWERS_PER_TURN: usize = 64;
+
 /// The watch's loop: answer every notification that waits, then wait for more.
 async fn answer(
     listener: AsyncFd<OwnedFd>,
@@ -205,12 +208,20 @@ async fn answer(
         let Ok(mut guard) = listener.readable().await else {
             return;
         };
-        // Receiving blocks when nothing waits, so look first, every time.
-        loop {
+        // Receiving blocks when nothing waits, so look first, every time. A tool whose
+        // threads keep making refused syscalls keeps this queue from ever running dry: so
+        // after a batch the thread is given back to the runtime, whose other tasks (the
+        // call's own deadline among them) would otherwise wait for the tool to stop.
+        let mut answered = 0;
+        let drained = loop {
+            if answered == ANSWERS_PER_TURN {
+                break false;
+            }
+            answered += 1;
             let fd = listener.get_ref().as_fd();
             match sys::poll_listener(fd) {
                 Ok(ListenerState::Pending) => {}
-                Ok(ListenerState::Idle) => break,
+                Ok(ListenerState::Idle) => break true,
                 Ok(ListenerState::Gone) | Err(_) => return,
             }
             let notification = match sys::receive_notification(fd) {
@@ -270,8 +281,14 @@ async fn answer(
             };
             // ENOENT: the process went away meanwhile; nothing else can fail here.
             let _ = sys::refuse_notification(fd, notification.id, errno);
+        };
+        if drained {
+            guard.clear_ready();
+        } else {
+            // Still readable: the next turn starts at once, after the others' turns.
+            drop(guard);
+            tokio::task::yield_now().await;
         }
-        guard.clear_ready();
     }
 }
 
