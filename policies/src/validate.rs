@@ -23,6 +23,7 @@ mod argv;
 mod gate;
 mod permissions;
 mod profile;
+mod rule_fields;
 mod schemas;
 mod sessions;
 mod tool;
@@ -107,6 +108,34 @@ impl Checker<'_> {
 
     fn warning(&mut self, span: Range<usize>, message: impl Into<String>) {
         self.diagnostics.push(self.source.warning(span, message));
+    }
+
+    /// The span of the key written before the value at `value` (`key = value`), so that a
+    /// diagnostic about a key can point at it: serde keeps only the values' spans. Falls
+    /// back to the value's span when the text before it is not `KEY =`.
+    fn key_span(&self, value: Range<usize>) -> Range<usize> {
+        let text = self.source.text;
+        let Some(before) = text.get(..value.start) else {
+            return value;
+        };
+        let Some(before) = before.trim_end_matches([' ', '\t']).strip_suffix('=') else {
+            return value;
+        };
+        let key = before.trim_end_matches([' ', '\t']);
+        let start = match key.chars().last() {
+            Some(quote @ ('"' | '\'')) => key[..key.len() - 1].rfind(quote),
+            Some(_) => Some(
+                key.trim_end_matches(|ch: char| {
+                    ch.is_ascii_alphanumeric() || ch == '_' || ch == '-'
+                })
+                .len(),
+            ),
+            None => None,
+        };
+        match start {
+            Some(start) if start < key.len() => start..key.len(),
+            _ => value,
+        }
     }
 
     /// A path inside the sandbox or on the host: absolute, normalised, no `..`.

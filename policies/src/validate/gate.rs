@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use toml::Spanned;
 
+use super::rule_fields::check_pattern_field;
 use super::{Checker, SideEffect, Tool};
 use crate::model::{ApprovalsFile, AuditFile, PolicyFile, RateLimitsFile, RuleFile};
 use crate::rules::preset_patterns;
@@ -237,11 +238,14 @@ fn pattern_match(
         );
     }
     match &rule.field {
-        Some(field) => Some(RuleMatch::Pattern {
-            tools: scoped,
-            field: field.get_ref().clone(),
-            patterns,
-        }),
+        Some(field) => {
+            check_pattern_field(c, name, field, &scoped, tools);
+            Some(RuleMatch::Pattern {
+                tools: scoped,
+                field: field.get_ref().clone(),
+                patterns,
+            })
+        }
         None => {
             c.error(
                 rule.matches.span(),
