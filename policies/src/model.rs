@@ -72,7 +72,8 @@ pub struct SessionsFile {
     pub max_inodes: Option<Spanned<i64>>,
 }
 
-/// One decision rule.
+/// One decision rule. The keys that only some kinds of rule use are optional and keep their
+/// spans, so that validation can refuse one a rule's kind would ignore.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleFile {
@@ -86,19 +87,19 @@ pub struct RuleFile {
     pub decision: Spanned<String>,
     /// `tool`: these tools; `pattern`: only these tools (all when absent).
     #[serde(default)]
-    pub tools: Vec<Spanned<String>>,
+    pub tools: Option<Spanned<Vec<Spanned<String>>>>,
     /// `category`: these categories.
     #[serde(default)]
-    pub categories: Vec<Spanned<String>>,
+    pub categories: Option<Spanned<Vec<Spanned<String>>>>,
     /// `side_effect`: these side effects (`read`, `write`, `destructive`).
     #[serde(default)]
-    pub side_effects: Vec<Spanned<String>>,
+    pub side_effects: Option<Spanned<Vec<Spanned<String>>>>,
     /// `pattern`: the input field the patterns look at.
     #[serde(default)]
     pub field: Option<Spanned<String>>,
     /// `pattern`: regular expressions (any match fires the rule).
     #[serde(default)]
-    pub patterns: Vec<Spanned<String>>,
+    pub patterns: Option<Spanned<Vec<Spanned<String>>>>,
     /// `pattern`: a shipped pattern set (`dangerous_shell`).
     #[serde(default)]
     pub preset: Option<Spanned<String>>,

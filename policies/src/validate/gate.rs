@@ -87,6 +87,7 @@ fn check_rule(
         );
         Decision::Deny
     });
+    check_kind_keys(c, &name, rule);
     let matches = match rule.matches.get_ref().as_str() {
         "read_only" => Some(RuleMatch::ReadOnly),
         "side_effect" => Some(side_effect_match(c, &name, rule)),
@@ -105,6 +106,54 @@ fn check_rule(
     })
 }
 
+/// The strings of an optional list key: none when the key is absent.
+fn items(list: &Option<Spanned<Vec<Spanned<String>>>>) -> &[Spanned<String>] {
+    list.as_ref().map_or(&[], |l| l.get_ref().as_slice())
+}
+
+/// Each kind of rule reads only its own keys; the rest are refused rather than ignored,
+/// since an ignored key widens the rule: `match = "tool"` with `field` and `patterns` reads
+/// as "this tool, for these inputs" but decides every call of the tool.
+fn check_kind_keys(c: &mut Checker<'_>, name: &str, rule: &RuleFile) {
+    let kind = rule.matches.get_ref().as_str();
+    let (used, uses): (&[&str], &str) = match kind {
+        "read_only" => (&[], "no key but name, match and decision"),
+        "side_effect" => (&["side_effects"], "only side_effects"),
+        "tool" => (&["tools"], "only tools"),
+        "category" => (&["categories"], "only categories"),
+        "pattern" => (
+            &["tools", "field", "patterns", "preset"],
+            "only tools, field, patterns and preset",
+        ),
+        // An unknown kind has its own error; which keys it would use is anyone's guess.
+        _ => return,
+    };
+    let present = [
+        ("tools", rule.tools.as_ref().map(Spanned::span)),
+        ("categories", rule.categories.as_ref().map(Spanned::span)),
+        (
+            "side_effects",
+            rule.side_effects.as_ref().map(Spanned::span),
+        ),
+        ("field", rule.field.as_ref().map(Spanned::span)),
+        ("patterns", rule.patterns.as_ref().map(Spanned::span)),
+        ("preset", rule.preset.as_ref().map(Spanned::span)),
+    ];
+    for (key, span) in present {
+        if let Some(span) = span
+            && !used.contains(&key)
+        {
+            let span = c.key_span(span);
+            c.error(
+                span,
+                format!(
+                    "rule {name}: {key} does not belong to a match = \"{kind}\" rule, which uses {uses}; it would be ignored"
+                ),
+            );
+        }
+    }
+}
+
 /// The rule's `tools`, each of which must exist.
 fn known_tools(
     c: &mut Checker<'_>,
@@ -112,7 +161,7 @@ fn known_tools(
     rule: &RuleFile,
     tools: &BTreeMap<String, Option<Tool>>,
 ) -> Vec<String> {
-    rule.tools
+    items(&rule.tools)
         .iter()
         .map(|t| {
             if !tools.contains_key(t.get_ref()) {
@@ -128,14 +177,13 @@ fn known_tools(
 
 /// `match = "side_effect"`: a non-empty list of known side effects.
 fn side_effect_match(c: &mut Checker<'_>, name: &str, rule: &RuleFile) -> RuleMatch {
-    if rule.side_effects.is_empty() {
+    if items(&rule.side_effects).is_empty() {
         c.error(
             rule.matches.span(),
             format!("rule {name}: match = \"side_effect\" needs side_effects = [...]"),
         );
     }
-    let effects = rule
-        .side_effects
+    let effects = items(&rule.side_effects)
         .iter()
         .filter_map(|effect| {
             let parsed = SideEffect::from_name(effect.get_ref());
@@ -161,7 +209,7 @@ fn tool_match(
     rule: &RuleFile,
     tools: &BTreeMap<String, Option<Tool>>,
 ) -> RuleMatch {
-    if rule.tools.is_empty() {
+    if items(&rule.tools).is_empty() {
         c.error(
             rule.matches.span(),
             format!("rule {name}: match = \"tool\" needs tools = [...]"),
@@ -177,13 +225,13 @@ fn category_match(
     rule: &RuleFile,
     categories: &BTreeSet<&str>,
 ) -> RuleMatch {
-    if rule.categories.is_empty() {
+    if items(&rule.categories).is_empty() {
         c.error(
             rule.matches.span(),
             format!("rule {name}: match = \"category\" needs categories = [...]"),
         );
     }
-    for category in &rule.categories {
+    for category in items(&rule.categories) {
         if !categories.contains(category.get_ref().as_str()) {
             c.warning(
                 category.span(),
@@ -192,7 +240,7 @@ fn category_match(
         }
     }
     RuleMatch::Categories(
-        rule.categories
+        items(&rule.categories)
             .iter()
             .map(|c| c.get_ref().clone())
             .collect(),
@@ -209,7 +257,7 @@ fn pattern_match(
 ) -> Option<RuleMatch> {
     let scoped = known_tools(c, name, rule, tools);
     let mut patterns = Vec::new();
-    for pattern in &rule.patterns {
+    for pattern in items(&rule.patterns) {
         match regex::Regex::new(pattern.get_ref()) {
             Ok(re) => patterns.push(re),
             Err(e) => c.error(pattern.span(), format!("rule {name}: bad pattern: {e}")),
@@ -231,7 +279,7 @@ fn pattern_match(
             ),
         }
     }
-    if rule.patterns.is_empty() && rule.preset.is_none() {
+    if items(&rule.patterns).is_empty() && rule.preset.is_none() {
         c.error(
             rule.matches.span(),
             format!("rule {name}: match = \"pattern\" needs patterns = [...] or preset"),
