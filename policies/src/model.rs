@@ -210,12 +210,13 @@ pub struct NetworkRulesFile {
     /// Networks (CIDR) of non-public addresses the egress proxy may connect to.
     #[serde(default)]
     pub allow_addresses: Vec<String>,
-    /// Host mode: `"tcp:PORT"` entries the sandbox may connect to.
+    /// Host mode: `"tcp:PORT"` entries the sandbox may connect to. Given at all (even
+    /// empty), it narrows TCP to the listed ports; left out with `bind`, TCP is the host's.
     #[serde(default)]
-    pub connect: Vec<String>,
-    /// Host mode: `"tcp:PORT"` entries the sandbox may bind.
+    pub connect: Option<Vec<String>>,
+    /// Host mode: `"tcp:PORT"` entries the sandbox may bind (given or not, as `connect`).
     #[serde(default)]
-    pub bind: Vec<String>,
+    pub bind: Option<Vec<String>>,
     /// Host mode: allow UDP sockets (refused by default).
     #[serde(default)]
     pub udp: Option<bool>,

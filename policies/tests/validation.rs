@@ -637,3 +637,31 @@ fn a_host_network_refuses_udp_unless_the_profile_allows_it() {
     assert_eq!(families(r#"{ allow = [] }"#), SocketFamilies::UnixAndInet);
     assert_eq!(families("\"none\""), SocketFamilies::UnixOnly);
 }
+
+#[test]
+fn a_host_network_with_empty_port_lists_allows_no_tcp_port() {
+    let landlock = |network: &str| {
+        let loaded = load_policy_str(&profile_with_network(network), "p.toml")
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        loaded.policy.profiles["default"].spec.landlock.clone()
+    };
+    let empty = landlock(r#"{ mode = "host", connect = [], bind = [] }"#);
+    assert!(empty.restrict_tcp, "empty lists must not mean every port");
+    assert!(empty.tcp_connect.is_empty() && empty.tcp_bind.is_empty());
+    let connect_only = landlock(r#"{ mode = "host", connect = [] }"#);
+    assert!(connect_only.restrict_tcp);
+    let some = landlock(r#"{ mode = "host", connect = ["tcp:443"] }"#);
+    assert!(some.restrict_tcp);
+    assert_eq!(some.tcp_connect, vec![443]);
+    assert!(some.tcp_bind.is_empty());
+    // Lists left out: the host's TCP as it is, as documented for network = "host".
+    assert!(!landlock(r#"{ mode = "host", udp = true }"#).restrict_tcp);
+    assert!(!landlock("\"host\"").restrict_tcp);
+    let w = warnings(&profile_with_network(
+        r#"{ mode = "host", connect = [], bind = [] }"#,
+    ));
+    assert!(
+        w.iter().any(|w| w.contains("(no TCP port is allowed)")),
+        "{w:?}"
+    );
+}

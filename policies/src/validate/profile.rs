@@ -260,7 +260,7 @@ fn check_egress(
     allow: &[String],
     rules: &crate::model::NetworkRulesFile,
 ) -> Network {
-    if !rules.connect.is_empty() || !rules.bind.is_empty() || rules.udp.is_some() {
+    if rules.connect.is_some() || rules.bind.is_some() || rules.udp.is_some() {
         c.error(
             span.clone(),
             "network: connect, bind and udp belong to mode = \"host\"; with allow, the egress proxy decides every connection",
@@ -314,10 +314,13 @@ fn check_host_network(
         }
         out
     };
-    let connect = ports(&rules.connect, c);
-    let bind = ports(&rules.bind, c);
-    let tcp =
-        (!rules.connect.is_empty() || !rules.bind.is_empty()).then_some(TcpPorts { connect, bind });
+    // A list written out, even empty, is the ports the sandbox gets: `connect = []` reads
+    // "no TCP" and must not turn into every port. Only a table without either list leaves
+    // TCP as the host has it, as `network = "host"` does.
+    let given = rules.connect.is_some() || rules.bind.is_some();
+    let connect = ports(rules.connect.as_deref().unwrap_or_default(), c);
+    let bind = ports(rules.bind.as_deref().unwrap_or_default(), c);
+    let tcp = given.then_some(TcpPorts { connect, bind });
     warn_host_network(c, span, tcp.as_ref());
     Network::Host {
         tcp,
@@ -327,6 +330,7 @@ fn check_host_network(
 
 fn warn_host_network(c: &mut Checker<'_>, span: std::ops::Range<usize>, tcp: Option<&TcpPorts>) {
     let what = match tcp {
+        Some(t) if t.connect.is_empty() && t.bind.is_empty() => "no TCP port is allowed",
         Some(_) => "only the listed TCP ports are filtered",
         None => "no TCP port is filtered",
     };
