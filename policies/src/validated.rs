@@ -177,6 +177,21 @@ pub struct Profile {
     pub workspace: Option<Workspace>,
 }
 
+impl Profile {
+    /// What lets its tools change files that outlive the call, as a diagnostic says it:
+    /// `write` paths, or a session workspace, which Landlock lets them write and which
+    /// the session keeps from one call to the next. `None` when only tmpfs is writable.
+    pub fn lasting_writes(&self) -> Option<&'static str> {
+        if !self.write.is_empty() {
+            Some("has write paths")
+        } else if self.workspace.is_some() {
+            Some("has a workspace (writable, kept across a session's calls)")
+        } else {
+            None
+        }
+    }
+}
+
 /// One element of a tool's argv template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ArgTemplate {

@@ -130,3 +130,74 @@ fn unknown_session_keys_are_reported() {
         "{errors:#?}"
     );
 }
+
+fn diagnostics(text: &str) -> Vec<String> {
+    match load_policy_str(text, "p.toml") {
+        Err(PolicyError::Invalid { diagnostics, .. }) => {
+            diagnostics.iter().map(ToString::to_string).collect()
+        }
+        Ok(loaded) => loaded.warnings.iter().map(ToString::to_string).collect(),
+        Err(other) => panic!("unexpected error {other:?}"),
+    }
+}
+
+const WORKSPACE_PROFILE: &str = r#"version = 1
+[profiles.default]
+read = ["/usr"]
+workspace = "/workspace"
+"#;
+
+#[test]
+fn a_workspace_is_writable_for_the_permission_checks() {
+    let tool = |permissions: &str| {
+        format!(
+            "{WORKSPACE_PROFILE}[tools.t]\ndescription = \"d\"\ncommand = [\"/usr/bin/true\"]\nside_effect = \"write\"\npermissions = {permissions}\ninput = {{ type = \"object\" }}\n"
+        )
+    };
+    assert_eq!(
+        errors(&tool("[\"fs:read\"]")),
+        vec![
+            "p.toml:9:15: error: tool t does not declare fs:write but profile default has a workspace (writable, kept across a session's calls)"
+        ]
+    );
+    assert_eq!(
+        errors(&tool("[\"fs:read\", \"fs:write\"]")),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn a_read_only_tool_on_a_workspace_profile_is_warned_about() {
+    let text = format!(
+        "{WORKSPACE_PROFILE}[tools.t]\ndescription = \"d\"\ncommand = [\"/usr/bin/true\"]\nside_effect = \"read\"\ninput = {{ type = \"object\" }}\n"
+    );
+    let found = diagnostics(&text);
+    assert!(
+        found.contains(
+            &"p.toml:5:8: warning: tool t is declared read-only but profile default has a workspace (writable, kept across a session's calls)".to_string()
+        ),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn built_ins_that_write_cannot_be_declared_read_only() {
+    for builtin in ["write_file", "edit", "bash"] {
+        let text = format!(
+            "version = 1\n[profiles.default]\nread = [\"/usr\"]\n[tools.t]\ndescription = \"d\"\nbuiltin = \"{builtin}\"\nside_effect = \"read\"\n"
+        );
+        assert_eq!(
+            errors(&text),
+            vec![format!(
+                "p.toml:7:15: error: tool t: the {builtin} built-in can change files, so its side_effect cannot be \"read\" (plan mode and read_only rules would let it run)"
+            )],
+            "{builtin}"
+        );
+    }
+    for builtin in ["read_file", "list_dir"] {
+        let text = format!(
+            "version = 1\n[profiles.default]\nread = [\"/usr\"]\n[tools.t]\ndescription = \"d\"\nbuiltin = \"{builtin}\"\nside_effect = \"read\"\n"
+        );
+        assert_eq!(errors(&text), Vec::<String>::new(), "{builtin}");
+    }
+}

@@ -143,7 +143,7 @@ fn declared_permissions_the_profile_cannot_honour_are_errors() {
     assert_eq!(
         e,
         vec![
-            "tool t declares fs:write but profile default has no write paths (a tmpfs is gone after the call)"
+            "tool t declares fs:write but profile default has no write paths or workspace (a tmpfs is gone after the call)"
         ]
     );
     let e = with_profile("read = [\"/usr\"]", "[\"network\"]");

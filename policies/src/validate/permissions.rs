@@ -4,8 +4,8 @@
 //!
 //! | permission | the profile must | and without it the profile must not |
 //! |---|---|---|
-//! | `fs:read` | bind some host path (`read`, `read_optional` or `write`) | — (every program reads its own files) |
-//! | `fs:write` | have `write` paths (tmpfs is gone after the call) | have `write` paths |
+//! | `fs:read` | bind some host path (`read`, `read_optional`, `write` or a `workspace`) | — (every program reads its own files) |
+//! | `fs:write` | have `write` paths or a `workspace` (tmpfs is gone after the call) | have `write` paths or a `workspace` |
 //! | `network` | have a network other than `"none"` | have a network other than `"none"` |
 //! | `subprocess` | allow 2 or more processes and one of `clone`, `fork`, `vfork` | — (the pids limit is the bound) |
 //!
@@ -30,17 +30,19 @@ pub(super) fn check_permissions(
     let name = &profile.name;
     let mut problems = Vec::new();
 
-    if has("fs:read") && profile.read.is_empty() && profile.write.is_empty() {
+    // A session workspace is files from the host, read-write: it grants what `write` does.
+    let writes = profile.lasting_writes();
+    if has("fs:read") && profile.read.is_empty() && writes.is_none() {
         problems.push(format!(
-            "declares fs:read but profile {name} binds no host path (read, read_optional or write)"
+            "declares fs:read but profile {name} binds no host path (read, read_optional, write or workspace)"
         ));
     }
-    match (has("fs:write"), profile.write.is_empty()) {
-        (true, true) => problems.push(format!(
-            "declares fs:write but profile {name} has no write paths (a tmpfs is gone after the call)"
+    match (has("fs:write"), writes) {
+        (true, None) => problems.push(format!(
+            "declares fs:write but profile {name} has no write paths or workspace (a tmpfs is gone after the call)"
         )),
-        (false, false) => problems.push(format!(
-            "does not declare fs:write but profile {name} has write paths"
+        (false, Some(writes)) => problems.push(format!(
+            "does not declare fs:write but profile {name} {writes}"
         )),
         _ => {}
     }

@@ -59,12 +59,12 @@ pub(super) fn check_tool(
         check_approval(c, name, &tool_name, file, builtin, side_effect, options);
     let (retries, timeout) = check_retries_and_timeout(c, &tool_name, file, profile);
     if let (Some(profile), SideEffect::Read) = (profile, side_effect)
-        && !profile.write.is_empty()
+        && let Some(writes) = profile.lasting_writes()
     {
         c.warning(
             name.span(),
             format!(
-                "tool {tool_name} is declared read-only but profile {} has write paths",
+                "tool {tool_name} is declared read-only but profile {} {writes}",
                 profile.name
             ),
         );
@@ -239,7 +239,21 @@ fn check_side_effect(
             Some(Builtin::WriteFile | Builtin::Edit) => SideEffect::Write,
             _ => SideEffect::Destructive,
         },
-        Some(("read", _)) => SideEffect::Read,
+        // Plan mode and `read_only` rules let a read tool run; a built-in that writes
+        // (bash runs anything) would get through them by its word alone.
+        Some(("read", span)) => match builtin {
+            Some(b @ (Builtin::WriteFile | Builtin::Edit | Builtin::Bash)) => {
+                c.error(
+                    span,
+                    format!(
+                        "tool {tool_name}: the {} built-in can change files, so its side_effect cannot be \"read\" (plan mode and read_only rules would let it run)",
+                        b.name()
+                    ),
+                );
+                SideEffect::Destructive
+            }
+            _ => SideEffect::Read,
+        },
         Some(("write", _)) => SideEffect::Write,
         Some(("destructive", _)) => SideEffect::Destructive,
         Some((other, span)) => {
