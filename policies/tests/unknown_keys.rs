@@ -195,3 +195,62 @@ fn every_preset_still_passes() {
         assert!(loaded.is_ok(), "{name}: {loaded:?}");
     }
 }
+
+mod schema_keywords {
+    use super::*;
+
+    fn policy(input: &str) -> String {
+        format!(
+            "version = 1\n[profiles.default]\nread = [\"/usr\"]\n[tools.t]\ndescription = \"d\"\ncommand = [\"/bin/true\"]\nside_effect = \"read\"\ninput = {input}\n"
+        )
+    }
+
+    #[test]
+    fn misspelt_keywords_inside_a_tool_schema_are_located_errors() {
+        let found = errors(&policy(
+            "{ type = \"object\", additionalproperties = false, properties = { text = { type = \"string\", patern = \"^a\", maxlength = 4 } } }",
+        ));
+        assert_eq!(
+            found,
+            vec![
+                "p.toml:8:28: error: unknown key `additionalproperties` in `tools.t.input`: not a keyword of JSON Schema 2020-12; did you mean `additionalProperties`?",
+                "p.toml:8:99: error: unknown key `patern` in `tools.t.input.properties.text`: not a keyword of JSON Schema 2020-12; did you mean `pattern`?",
+                "p.toml:8:114: error: unknown key `maxlength` in `tools.t.input.properties.text`: not a keyword of JSON Schema 2020-12; did you mean `maxLength`?",
+            ]
+        );
+    }
+
+    #[test]
+    fn names_data_and_extensions_are_not_keywords() {
+        // Property names, `$defs` names, enum and default values may be anything; `x-` keys
+        // are extensions.
+        let text = policy(
+            "{ type = \"object\", \"x-origin\" = \"ours\", properties = { patern = { \"$ref\" = \"#/$defs/maxlength\" }, other = { enum = [{ whatever = 1 }], default = { nope = 2 } } }, \"$defs\" = { maxlength = { type = \"string\" } } }",
+        );
+        assert_eq!(errors(&text), Vec::<String>::new());
+    }
+
+    #[test]
+    fn each_dialect_has_its_own_keywords() {
+        // `definitions` and `dependencies` are draft-07's; `$defs` and `prefixItems` 2020-12's.
+        let draft7 = policy(
+            "{ \"$schema\" = \"http://json-schema.org/draft-07/schema#\", type = \"object\", definitions = { a = { type = \"string\" } }, dependencies = { a = [\"b\"] }, prefixItems = [] }",
+        );
+        let found = errors(&draft7);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("unknown key `prefixItems` in `tools.t.input`: not a keyword of JSON Schema draft-07"),
+            "{found:?}"
+        );
+        let in_output = format!(
+            "{}output = {{ type = \"array\", prefixItems = [{{ type = \"string\", minlength = 1 }}] }}\n",
+            policy("{ type = \"object\" }")
+        );
+        let found = errors(&in_output);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].contains("unknown key `minlength` in `tools.t.output.prefixItems[0]`"),
+            "{found:?}"
+        );
+    }
+}

@@ -18,6 +18,15 @@ use toml::de::{DeTable, DeValue};
 use crate::diagnostic::{Diagnostic, Source};
 use crate::presets::POLICY_FILE_SCHEMA;
 
+mod schema_keywords;
+
+/// Where the published schema describes a tool's own JSON Schemas: their keys are checked
+/// against the JSON Schema dialect's keywords instead (`schema_keywords`).
+const TOOL_SCHEMAS: [&str; 2] = [
+    "/$defs/tool/properties/input",
+    "/$defs/tool/properties/output",
+];
+
 /// The published schema, parsed once. `None` only if the embedded text is broken, which
 /// a unit test rules out; [`remove_unknown_keys`] then refuses every policy.
 static SCHEMA: LazyLock<Option<Value>> =
@@ -160,6 +169,18 @@ impl<'s> Walk<'s, '_> {
             } else {
                 format!("{path}.{}", printable(name))
             };
+            if TOOL_SCHEMAS.iter().any(|at| {
+                self.schema
+                    .pointer(at)
+                    .is_some_and(|s| std::ptr::eq(s, child))
+            }) {
+                for (message, span) in
+                    schema_keywords::unknown_keywords(value.get_ref(), &child_path)
+                {
+                    self.diagnostics.push(self.source.error(span, message));
+                }
+                continue;
+            }
             self.value(value.get_mut(), child, &child_path);
         }
     }
