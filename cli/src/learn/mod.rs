@@ -16,6 +16,7 @@
 //! policy file it was given.
 
 mod network;
+mod output;
 mod propose;
 mod render;
 
@@ -99,9 +100,13 @@ const SYSTEM_TREES: [&str; 10] = [
 fn learn(args: &LearnArgs) -> anyhow::Result<ExitCode> {
     let (text, policy_name) = policy_text(args)?;
     let validated = validate_text(&text, &policy_name)?;
-    if let (Some(output), Some(policy)) = (&args.output, &args.policy) {
-        refuse_same_file(output, policy)?;
-    }
+    // Refused before anything runs when it is the policy already; checked again when
+    // written, since the command may change what is there (see `output`).
+    let output = args
+        .output
+        .as_deref()
+        .map(|path| output::Output::prepare(path, args.policy.as_deref()))
+        .transpose()?;
     let (argv, base_name) = match &args.tool {
         Some(tool) => tool_argv(&text, &policy_name, tool, args.input.as_deref())?,
         None => {
@@ -191,9 +196,8 @@ fn learn(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         ),
         None => render::new_policy(&args.name, &base, &policy_name, &argv, &proposal)?,
     };
-    match &args.output {
-        Some(path) => std::fs::write(path, &text)
-            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?,
+    match &output {
+        Some(output) => output.write(&text, args.policy.as_deref())?,
         None => crate::write_stdout(&text)?,
     }
     if result.ok {
@@ -274,22 +278,6 @@ pub(crate) fn observing_profile(
         .get(profile)
         .ok_or_else(|| anyhow::anyhow!("no profile named {profile:?} in the policy"))?;
     Ok(compile_profile_as(base, Form::Observing)?)
-}
-
-/// Refuses an output that is the policy file itself, by name or by inode.
-fn refuse_same_file(output: &Path, policy: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let same_inode = match (std::fs::metadata(output), std::fs::metadata(policy)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    };
-    if same_inode || output == policy {
-        anyhow::bail!(
-            "--output {} is the policy file itself; learn never writes the policy it was given",
-            output.display()
-        );
-    }
-    Ok(())
 }
 
 /// The argv and profile of `tool` called with `input`, as the gate would run it.

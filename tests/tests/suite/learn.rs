@@ -276,6 +276,49 @@ fn learning_against_a_policy_file_prints_additions_with_evidence_and_never_write
 }
 
 #[test]
+fn an_output_the_learned_command_turns_into_a_symlink_to_the_policy_is_refused() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let data = scratch("learn-plant", false);
+    let text = "version = 1\n[profiles.base]\nread = [\"/usr\"]\nread_optional = [\"/bin\", \"/lib\", \"/lib64\", \"/etc/ld.so.cache\"]\ntmpfs = { \"/tmp\" = \"16MiB\" }\n";
+    let policy = data.write("policy.toml", text);
+    let policy_arg = policy.display().to_string();
+    // The build directory, writable while learning: the command plants a symlink to the
+    // policy where the result is to go, after the learner checked that name.
+    let build = scratch("learn-plant-build", true);
+    let dir = build.0.display().to_string();
+    let plant = format!("ln -sf {policy_arg} learned.txt");
+    let out = learn_in(
+        &build.0,
+        &[
+            "--policy",
+            &policy_arg,
+            "--profile",
+            "base",
+            "--write",
+            &dir,
+            "--output",
+            "learned.txt",
+        ],
+        &["/bin/sh", "-c", &plant],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&policy).unwrap(), text);
+    // The symlink is left as the command made it, and nothing else is left beside it.
+    let link = build.0.join("learned.txt");
+    assert_eq!(std::fs::read_link(&link).unwrap(), policy);
+    let names: Vec<_> = std::fs::read_dir(&build.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["learned.txt"], "{names:?}");
+}
+
+#[test]
 fn a_policy_tools_call_is_learned_against_its_profile() {
     let _guard = airlock_tests::shared();
     if !sandbox_available() {
