@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use airlock::pool::PoolSize;
 use airlock::{CancelSignal, Gate, Supervisor};
-use airlock_policy::PolicyError;
+use airlock_policy::{LoadedPolicy, PolicyError};
 
-use crate::watch::{PolicyWatch, WatchError};
+use crate::watch::{PolicyWatch, SETTLE, Settled, Snapshot, WatchError, read_settled};
 
 /// Reloads the policy file into `gate`; an invalid file is refused (logged) and the old
 /// policy kept. Unchanged profiles keep their pooled workers; changed and removed ones'
@@ -19,7 +19,39 @@ pub(crate) async fn reload_policy(
     supervisor: &Arc<Supervisor>,
     pool: Option<PoolSize>,
 ) -> bool {
-    match airlock_policy::load_policy_file(path) {
+    let loaded = airlock_policy::load_policy_file(path);
+    apply(path, loaded, gate, supervisor, pool).await
+}
+
+/// [`reload_policy`] from the text the watch read, settled: the file is not read again,
+/// so what was checked for stillness is what is loaded.
+async fn reload_text(
+    path: &Path,
+    text: Vec<u8>,
+    gate: &Gate,
+    supervisor: &Arc<Supervisor>,
+    pool: Option<PoolSize>,
+) -> bool {
+    let name = path.display().to_string();
+    let loaded = match String::from_utf8(text) {
+        Ok(text) => airlock_policy::load_policy_str(&text, &name),
+        Err(e) => Err(PolicyError::Read {
+            path: name,
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+        }),
+    };
+    apply(path, loaded, gate, supervisor, pool).await
+}
+
+/// Puts `loaded` in force, or logs why not.
+async fn apply(
+    path: &Path,
+    loaded: Result<LoadedPolicy, PolicyError>,
+    gate: &Gate,
+    supervisor: &Arc<Supervisor>,
+    pool: Option<PoolSize>,
+) -> bool {
+    match loaded {
         Ok(loaded) => {
             let in_use = airlock::pool::profiles_to_pool(&loaded.policy);
             gate.reload(loaded.policy);
@@ -39,10 +71,14 @@ pub(crate) async fn reload_policy(
                     .join("; "),
                 other => other.to_string(),
             };
-            tracing::error!(policy = %path.display(), error = %detail, "policy reload refused; keeping the old policy");
+            refused(path, &detail);
             false
         }
     }
+}
+
+fn refused(path: &Path, detail: &str) {
+    tracing::error!(policy = %path.display(), error = %detail, "policy reload refused; keeping the old policy");
 }
 
 /// What the file watch last saw of the policy file.
@@ -54,13 +90,10 @@ struct Seen {
 }
 
 impl Seen {
-    /// The file's digest when its text differs from the policy in force and from the text
-    /// last refused. An unreadable file counts as a change: its reload is refused, logged.
-    fn differs(&self, path: &Path, gate: &Gate) -> Option<String> {
-        let digest = match std::fs::read(path) {
-            Ok(text) => airlock_policy::compile::sha256_hex(&text),
-            Err(e) => format!("unreadable: {}", e.kind()),
-        };
+    /// The digest of `text` when it differs from the policy in force and from the text
+    /// last refused.
+    fn differs(&self, text: &[u8], gate: &Gate) -> Option<String> {
+        let digest = airlock_policy::compile::sha256_hex(text);
         let known = digest == gate.policy().version || self.refused.as_ref() == Some(&digest);
         (!known).then_some(digest)
     }
@@ -116,17 +149,28 @@ pub(crate) fn watch_signals(
                     }
                 }
                 changed = next_change(&mut watch) => match changed {
-                    Ok(()) => {
-                        if let Some(digest) = seen.differs(&path, &gate) {
-                            tracing::info!(policy = %path.display(), "policy file changed");
-                            if reload_policy(&path, &gate, &supervisor, pool).await {
-                                seen.refused = None;
-                                reloaded.send_modify(|n| *n += 1);
-                            } else {
+                    Ok(()) => match read_settled(|| Snapshot::read(&path), || tokio::time::sleep(SETTLE)).await {
+                        Settled::Text(text) => {
+                            if let Some(digest) = seen.differs(&text, &gate) {
+                                tracing::info!(policy = %path.display(), "policy file changed");
+                                if reload_text(&path, text, &gate, &supervisor, pool).await {
+                                    seen.refused = None;
+                                    reloaded.send_modify(|n| *n += 1);
+                                } else {
+                                    seen.refused = Some(digest);
+                                }
+                            }
+                        }
+                        // Its writer's next change brings the watch back here.
+                        Settled::Changing => tracing::warn!(policy = %path.display(), "policy file still being written; not reloaded until it holds still (replace it by renaming a complete file over it)"),
+                        Settled::Unreadable(e) => {
+                            let digest = format!("unreadable: {}", e.kind());
+                            if seen.refused.as_ref() != Some(&digest) {
+                                refused(&path, &format!("cannot read {}: {e}", path.display()));
                                 seen.refused = Some(digest);
                             }
                         }
-                    }
+                    },
                     Err(e) => {
                         tracing::error!(error = %anyhow::Error::from(e), "policy file changes will not be noticed; send SIGHUP to reload");
                         watch = None;
