@@ -32,6 +32,7 @@ mod reload;
 mod remote;
 mod selftest;
 mod sys;
+mod trust;
 mod watch;
 
 /// The dedicated worker program, built by `build.rs` from the `airlock-worker` crate; empty
@@ -479,6 +480,7 @@ fn open_audit(path: Option<&PathBuf>) -> anyhow::Result<Option<AuditSink>> {
 }
 
 fn run_serve(mut flags: ServeFlags) -> anyhow::Result<ExitCode> {
+    trust::trusted_policy(&flags.policy)?;
     let loaded = load_policy(Some(&flags.policy), None, presets::DEFAULT_PRESET)?;
     for warning in &loaded.warnings {
         eprintln!("{warning}");

@@ -47,6 +47,7 @@ pub(crate) struct McpArgs {
 }
 
 pub(crate) fn run_mcp(args: &McpArgs) -> anyhow::Result<ExitCode> {
+    crate::trust::trusted_policy(&args.policy)?;
     let loaded = crate::load_policy(Some(&args.policy), None, presets::DEFAULT_PRESET)?;
     for warning in &loaded.warnings {
         eprintln!("{warning}");

@@ -19,8 +19,23 @@ pub(crate) async fn reload_policy(
     supervisor: &Arc<Supervisor>,
     pool: Option<PoolSize>,
 ) -> bool {
+    if !path_trusted(path) {
+        return false;
+    }
     let loaded = airlock_policy::load_policy_file(path);
     apply(path, loaded, gate, supervisor, pool).await
+}
+
+/// Whether a reload may read the policy at `path`: its file and directories may have
+/// changed hands since the daemon started. Refusals are logged.
+fn path_trusted(path: &Path) -> bool {
+    match crate::trust::trusted_policy(path) {
+        Ok(()) => true,
+        Err(e) => {
+            refused(path, &format!("{:#}", anyhow::Error::from(e)));
+            false
+        }
+    }
 }
 
 /// [`reload_policy`] from the text the watch read, settled: the file is not read again,
@@ -32,6 +47,9 @@ async fn reload_text(
     supervisor: &Arc<Supervisor>,
     pool: Option<PoolSize>,
 ) -> bool {
+    if !path_trusted(path) {
+        return false;
+    }
     let name = path.display().to_string();
     let loaded = match String::from_utf8(text) {
         Ok(text) => airlock_policy::load_policy_str(&text, &name),

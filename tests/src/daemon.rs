@@ -62,7 +62,7 @@ impl Daemon {
 
     /// Serves `policy_text` with `extra` flags, once its socket exists.
     pub fn start_with(policy_text: &str, extra: &[&str]) -> Self {
-        let scratch = Scratch::new("daemon");
+        let scratch = Scratch::trusted("daemon");
         let policy = scratch.write("policy.toml", policy_text);
         Self::start_from(scratch, policy, extra)
     }
@@ -87,7 +87,7 @@ impl Daemon {
         soft: u64,
         hard: u64,
     ) -> Self {
-        let scratch = Scratch::new("daemon");
+        let scratch = Scratch::trusted("daemon");
         let policy = scratch.write("policy.toml", policy_text);
         Self::start_command(scratch, policy, extra, |command| {
             crate::with_open_file_limit(command, soft, hard);

@@ -167,6 +167,30 @@ impl Scratch {
         Self::under(&std::env::temp_dir(), tag)
     }
 
+    /// A fresh directory for a policy that `airlock serve` or `airlock mcp` loads. Run as
+    /// root, those refuse a policy that anyone else could change through its path, and the
+    /// system temp directory is writable by everyone: the directory goes under
+    /// `/run/airlock-tests` instead, made 0755 and root's. Otherwise, as [`Scratch::new`].
+    pub fn trusted(tag: &str) -> Self {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Self::new(tag);
+        }
+        let parent = Path::new("/run/airlock-tests");
+        std::fs::create_dir_all(parent).unwrap();
+        let meta = std::fs::symlink_metadata(parent).unwrap();
+        assert!(
+            meta.is_dir() && meta.uid() == 0,
+            "{} is not root's",
+            parent.display()
+        );
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let scratch = Self::under(parent, tag);
+        std::fs::set_permissions(&scratch.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+        scratch
+    }
+
     /// A fresh directory under `parent` (created if missing).
     pub fn under(parent: &Path, tag: &str) -> Self {
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

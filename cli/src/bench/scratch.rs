@@ -4,7 +4,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// A new directory `PREFIX-PID-RANDOM` in the system's temporary directory, removed with
+/// A new directory `PREFIX-PID-RANDOM` (see [`parent`] for where), removed with
 /// everything in it when dropped, whichever way the section that made it ends. Drop what
 /// runs from it first (a daemon, sessions whose workspaces are mounted beneath it).
 pub struct ScratchDir(PathBuf);
@@ -16,7 +16,7 @@ impl ScratchDir {
     /// a symlink) would let them swap the policy the bench's sandboxes run under, or its
     /// daemon's socket.
     pub fn new(prefix: &str, mode: u32) -> io::Result<Self> {
-        make_private_dir(&std::env::temp_dir(), prefix, mode, random_u64).map(Self)
+        make_private_dir(&parent(), prefix, mode, random_u64).map(Self)
     }
 
     /// The directory.
@@ -28,6 +28,21 @@ impl ScratchDir {
 impl Drop for ScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Where the directories go: the system's temporary directory, unless the bench runs as
+/// root and that directory is one others may write (`/tmp` is, sticky bit or not), where
+/// the daemons it starts would refuse their policy (see `trust`); then `/var/lib`, which
+/// only root writes and which, unlike `/run` on some systems, may hold the programs the
+/// bench copies and runs.
+fn parent() -> PathBuf {
+    let temp = std::env::temp_dir();
+    let root = nix::unistd::geteuid().is_root();
+    if root && crate::trust::check_policy_path(&temp, 0).is_err() {
+        PathBuf::from("/var/lib")
+    } else {
+        temp
     }
 }
 

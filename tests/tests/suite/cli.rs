@@ -273,7 +273,7 @@ fn serve_takes_its_policy_and_socket_from_the_environment() {
     if !sandbox_available() {
         return;
     }
-    let scratch = Scratch::new("cli-env");
+    let scratch = Scratch::trusted("cli-env");
     let policy = scratch.write("policy.toml", DAEMON_POLICY);
     let socket = scratch.0.join("env.sock");
     let env = [
@@ -291,7 +291,7 @@ fn a_flag_wins_over_its_environment_variable() {
     if !sandbox_available() {
         return;
     }
-    let scratch = Scratch::new("cli-env-flag");
+    let scratch = Scratch::trusted("cli-env-flag");
     let policy = scratch.write("policy.toml", DAEMON_POLICY);
     let socket = scratch.0.join("flag.sock");
     let nowhere = Path::new("/nonexistent/airlock");
@@ -353,7 +353,7 @@ fn log_format_json_makes_every_log_line_a_json_object() {
     if !sandbox_available() {
         return;
     }
-    let scratch = Scratch::new("cli-json-logs");
+    let scratch = Scratch::trusted("cli-json-logs");
     let policy = scratch.write("policy.toml", DAEMON_POLICY);
     let socket = scratch.0.join("json.sock");
     let args = [

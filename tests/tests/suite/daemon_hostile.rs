@@ -628,7 +628,7 @@ fn the_socket_takes_a_group_and_mode_for_allowed_groups_but_never_a_world_mode()
     assert_eq!(meta.gid(), 4243);
     drop(daemon);
 
-    let scratch = Scratch::new("hostile-mode");
+    let scratch = Scratch::trusted("hostile-mode");
     let policy = scratch.write("policy.toml", &policy());
     for (mode, complaint) in [("0666", "0660"), ("rw", "octal")] {
         let out = Command::new(airlock_bin())

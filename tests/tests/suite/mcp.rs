@@ -50,7 +50,7 @@ struct Mcp {
 
 impl Mcp {
     fn start(policy_text: &str, extra: &[&str]) -> Self {
-        let scratch = Scratch::new("mcp");
+        let scratch = Scratch::trusted("mcp");
         let policy = scratch.write("policy.toml", policy_text);
         let mut child = Command::new(airlock_bin())
             .args(["mcp", "--policy"])

@@ -161,7 +161,7 @@ fn metrics_count_calls_by_tool_and_outcome_after_a_few_calls() {
 
 /// Runs `airlock serve` expecting it to refuse to start; its output.
 fn serve_refused(extra: &[&str]) -> Output {
-    let scratch = Scratch::new("ops-refused");
+    let scratch = Scratch::trusted("ops-refused");
     let policy = scratch.write("policy.toml", DAEMON_POLICY);
     let socket = scratch.0.join("airlock.sock");
     let out = Command::new(airlock_bin())
@@ -352,7 +352,7 @@ fn a_configmap_style_symlink_swap_reloads_the_policy() {
     if !sandbox_available() {
         return;
     }
-    let scratch = Scratch::new("ops-configmap");
+    let scratch = Scratch::trusted("ops-configmap");
     let mut map = ConfigMap::new(&scratch.0.join("config"), DAEMON_POLICY);
     let policy = map.dir.join("policy.toml");
     let daemon = Daemon::start_from(scratch, policy, &["--pool", "0"]);
@@ -363,4 +363,61 @@ fn a_configmap_style_symlink_swap_reloads_the_policy() {
     let again = policy_describing_echo("echo, fixed ConfigMap");
     map.publish(&again);
     wait_for_policy(&daemon, &again);
+}
+
+#[test]
+fn serve_as_root_refuses_a_policy_in_a_directory_others_may_write_and_starts_from_root_s_own() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: only a daemon run as root refuses the policy; others warn");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::trusted("ops-open-dir");
+    let policy = scratch.write("policy.toml", DAEMON_POLICY);
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(&scratch.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let socket = scratch.0.join("airlock.sock");
+    let mut child = Command::new(airlock_bin())
+        .args(["serve", "--policy"])
+        .arg(&policy)
+        .arg("--socket")
+        .arg(&socket)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A daemon that takes the policy creates its socket; one that refuses it exits.
+    let mut exited = None;
+    wait_until("the daemon exits or serves", || {
+        exited = child.try_wait().unwrap();
+        exited.is_some() || socket.exists()
+    });
+    if exited.is_none() {
+        child.kill().unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        exited.is_some_and(|status| !status.success()),
+        "served a policy others may change: {stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "{} is writable by its group and everyone",
+            scratch.0.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!socket.exists());
+    // The same file in a directory only root may write is served.
+    std::fs::set_permissions(&scratch.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let daemon = Daemon::start_from(scratch, policy, &["--pool", "0"]);
+    assert_eq!(
+        health(&daemon.socket)["policy_version"],
+        version_of(DAEMON_POLICY).as_str()
+    );
 }
