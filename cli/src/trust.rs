@@ -7,6 +7,13 @@
 //! warns, since its policy is no more than its own user's to lose. The sticky bit of
 //! `/tmp` is no exception: it keeps others from renaming the file away, not from making
 //! the path's next directory first.
+//!
+//! A file or directory on a read-only mount is writable by no one through this path,
+//! whatever its mode: making the mount writable again takes root's privileges over the
+//! mount namespace. Kubernetes mounts a ConfigMap volume read-only with a root of mode 0777,
+//! and a policy kept there is accepted. Like every other part of the check, this judges the
+//! path as the daemon sees it: a writable mount of the same directory elsewhere (the
+//! kubelet's own, root's alone) is outside what it looks at.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -98,7 +105,7 @@ fn check_one(policy: &str, path: &Path, euid: u32) -> Result<(), TrustError> {
         (false, true) => Some("everyone"),
         (false, false) => None,
     };
-    if let Some(who) = who {
+    if let Some(who) = who.filter(|_| !on_read_only_mount(path)) {
         return Err(TrustError::Writable {
             policy: policy.to_string(),
             path: path.display().to_string(),
@@ -115,6 +122,13 @@ fn check_one(policy: &str, path: &Path, euid: u32) -> Result<(), TrustError> {
         });
     }
     Ok(())
+}
+
+/// Whether `path` (followed, if a symlink) lies on a mount that is read-only, for the mount
+/// or its whole filesystem. Unknown counts as writable.
+fn on_read_only_mount(path: &Path) -> bool {
+    use nix::sys::statvfs::{FsFlags, statvfs};
+    statvfs(path).is_ok_and(|st| st.flags().contains(FsFlags::ST_RDONLY))
 }
 
 /// The check as the daemon applies it: an error for a root daemon, a logged warning (and
@@ -242,6 +256,65 @@ mod tests {
             ));
             assert!(check_below(&dir.0, &policy, other).is_ok());
         }
+    }
+
+    /// As the kubelet makes a ConfigMap volume: a root of mode 0777, the files in a
+    /// timestamped 0755 directory reached through the `..data` symlink, mounted read-only.
+    /// The mounts are made in a mount namespace of the test's own thread, so only as root.
+    #[test]
+    fn a_policy_on_a_read_only_mount_may_sit_below_a_mode_0777_directory() {
+        use nix::mount::{MsFlags, mount};
+        use std::os::unix::fs::symlink;
+
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: mounting needs root");
+            return;
+        }
+        let dir = Dir::new("configmap");
+        let volume = dir.0.join("volume");
+        std::fs::create_dir(&volume).unwrap();
+        let dir_path = dir.0.clone();
+        std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+            let none: Option<&str> = None;
+            mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).unwrap();
+            mount(
+                Some("tmpfs"),
+                &volume,
+                Some("tmpfs"),
+                MsFlags::empty(),
+                none,
+            )
+            .unwrap();
+            Dir::chmod(&volume, 0o777);
+            let stamped = volume.join("..2026_01_01_00_00_00.1");
+            std::fs::create_dir(&stamped).unwrap();
+            Dir::chmod(&stamped, 0o755);
+            std::fs::write(stamped.join("policy.toml"), "version = 1\n").unwrap();
+            Dir::chmod(&stamped.join("policy.toml"), 0o644);
+            symlink("..2026_01_01_00_00_00.1", volume.join("..data")).unwrap();
+            symlink("..data/policy.toml", volume.join("policy.toml")).unwrap();
+            let policy = volume.join("policy.toml");
+            let check = |euid| {
+                for p in [stamped.join("policy.toml"), stamped.clone(), volume.clone()] {
+                    check_one("p", &p, euid)?;
+                }
+                check_below(&dir_path, &policy, euid)
+            };
+            // Writable, the volume's root is everyone's to fill.
+            assert!(matches!(
+                check(0),
+                Err(TrustError::Writable {
+                    who: "its group and everyone",
+                    ..
+                })
+            ));
+            let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+            mount(none, &volume, none, flags, none).unwrap();
+            check(0).unwrap();
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
