@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import statistics
 import subprocess
 import tempfile
@@ -102,6 +103,24 @@ async def bench(socket: Path, small: Path, calls: int, rounds: int) -> None:
     print(f"difference     p50 {diff * 1000:+.0f} µs ({client_p50 / raw_p50:.3f}×)")
 
 
+def scratch_dir() -> Path:
+    """A fresh directory of mode 0755 for the daemon's policy, socket and file. Run as root,
+    `airlock serve` refuses a policy that anyone else could change through its path, and the
+    temporary directory is everyone's (sticky bit or not): as root it goes under
+    /run/airlock-client-tests, root's and mode 0755, which is left in place, empty."""
+    parent = None
+    if os.geteuid() == 0:
+        parent = Path("/run/airlock-client-tests")
+        parent.mkdir(mode=0o755, exist_ok=True)
+        st = parent.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise SystemExit(f"bench: {parent} is not a directory of root's")
+        parent.chmod(0o755)
+    path = Path(tempfile.mkdtemp(prefix="airlock-bench-", dir=parent))
+    path.chmod(0o755)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000)
@@ -110,8 +129,7 @@ def main() -> None:
     parser.add_argument("--airlock", default=default_bin)
     args = parser.parse_args()
 
-    scratch = Path(tempfile.mkdtemp(prefix="airlock-bench-"))
-    scratch.chmod(0o755)
+    scratch = scratch_dir()
     small = scratch / "small.txt"
     small.write_text("a small file\n")
     small.chmod(0o644)

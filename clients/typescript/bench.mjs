@@ -9,10 +9,10 @@
 //   AIRLOCK_BIN=target/release/airlock node bench.mjs [--calls 1000] [--json]
 //
 // The daemon is started here (target/debug/airlock unless AIRLOCK_BIN says otherwise) on a
-// socket in a fresh temporary directory, and stopped at the end.
+// socket in a fresh scratch directory, and stopped at the end.
 
 import { spawn } from "node:child_process";
-import { chmodSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, lstatSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import * as net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -30,7 +30,24 @@ const WARMUP = 50;
 const repo = fileURLToPath(new URL("../../", import.meta.url));
 const binary = process.env.AIRLOCK_BIN || join(repo, "target", "debug", "airlock");
 
-const dir = mkdtempSync(join(tmpdir(), "airlock-ts-bench-"));
+// Run as root, `airlock serve` refuses a policy that anyone else could change through its
+// path, and the system temporary directory is everyone's (sticky bit or not): as root the
+// directory goes under /run/airlock-client-tests, root's and mode 0755, left in place empty.
+function scratchDir() {
+  if (process.geteuid?.() !== 0) {
+    return mkdtempSync(join(tmpdir(), "airlock-ts-bench-"));
+  }
+  const parent = "/run/airlock-client-tests";
+  mkdirSync(parent, { recursive: true, mode: 0o755 });
+  const st = lstatSync(parent);
+  if (!st.isDirectory() || st.uid !== 0) {
+    throw new Error(`${parent} is not a directory of root's`);
+  }
+  chmodSync(parent, 0o755);
+  return mkdtempSync(join(parent, "airlock-ts-bench-"));
+}
+
+const dir = scratchDir();
 const data = join(dir, "data");
 const file = join(data, "small.txt");
 const socket = join(dir, "airlock.sock");

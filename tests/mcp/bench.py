@@ -11,6 +11,7 @@ Run as root, as the sandboxes need here. Standard library only.
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -92,11 +93,27 @@ def daemon(policy, calls, session=None):
     return times
 
 
+def scratch_parent():
+    """Where the policy's directory goes: run as root, `airlock serve` and `airlock mcp` refuse
+    a policy that anyone else could change through its path, and the temporary directory is
+    everyone's (sticky bit or not), so as root under /run/airlock-mcp-tests, root's and mode
+    0755 (left in place, empty); else the temporary directory."""
+    if os.geteuid() != 0:
+        return None
+    parent = "/run/airlock-mcp-tests"
+    os.makedirs(parent, mode=0o755, exist_ok=True)
+    st = os.lstat(parent)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+        raise SystemExit(f"bench: {parent} is not a directory of root's")
+    os.chmod(parent, 0o755)
+    return parent
+
+
 def main():
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
     order = sys.argv[2:] or ["mcp", "daemon", "mcp", "daemon"]
     results = {"mcp": [], "daemon": [], "daemon-session": []}
-    with tempfile.TemporaryDirectory(prefix="airlock-mcp-bench-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="airlock-mcp-bench-", dir=scratch_parent()) as scratch:
         policy = os.path.join(scratch, "policy.toml")
         with open(policy, "w") as f:
             f.write(POLICY)

@@ -171,6 +171,8 @@ impl Scratch {
     /// root, those refuse a policy that anyone else could change through its path, and the
     /// system temp directory is writable by everyone: the directory goes under
     /// `/run/airlock-tests` instead, made 0755 and root's. Otherwise, as [`Scratch::new`].
+    /// Each test's directory is removed with its `Scratch`; `/run/airlock-tests` itself is
+    /// left in place, empty, as tests running at once share it (it is gone at reboot).
     pub fn trusted(tag: &str) -> Self {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
         // SAFETY: geteuid has no preconditions.

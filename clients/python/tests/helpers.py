@@ -8,6 +8,7 @@ import asyncio
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -93,13 +94,35 @@ profile = "files"
 """
 
 
+# Run as root, `airlock serve` refuses a policy that anyone else could change through its
+# path, and the system temporary directory is writable by everyone (its sticky bit does not
+# count): as root the daemons' directories go under this one, root's and mode 0755. It is
+# left in place, empty, for the next run (ci-test removes it).
+TRUSTED_PARENT = Path("/run/airlock-client-tests")
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh directory of mode 0755 (the sandbox's uid reads data in it) for a daemon's
+    policy, socket and data: under TRUSTED_PARENT as root, else in the temporary directory."""
+    parent = None
+    if os.geteuid() == 0:
+        parent = TRUSTED_PARENT
+        parent.mkdir(mode=0o755, exist_ok=True)
+        st = parent.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise RuntimeError(f"{parent} is not a directory of root's")
+        parent.chmod(0o755)
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    path.chmod(0o755)
+    return path
+
+
 class Daemon:
     """`airlock serve` of this checkout's build, on a socket in a scratch directory."""
 
     def __init__(self, *extra: str, policy: str = POLICY) -> None:
         self.extra = list(extra)
-        self.dir = Path(tempfile.mkdtemp(prefix="airlock-py-"))
-        self.dir.chmod(0o755)
+        self.dir = scratch_dir("airlock-py-")
         self.data = self.dir / "data"
         self.data.mkdir(mode=0o755)
         self.data.chmod(0o755)

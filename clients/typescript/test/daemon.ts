@@ -1,11 +1,11 @@
 /**
  * Test support: a real `airlock serve` started from the repository's build, on a socket in
- * a fresh temporary directory, waited for by polling its socket (never by sleeping a fixed
+ * a fresh scratch directory (see `scratchDir`), waited for by polling its socket (never by sleeping a fixed
  * time), and stopped by its own pid.
  */
 
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import * as net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -131,10 +131,32 @@ export interface DaemonOptions {
   args?: string[];
 }
 
+/**
+ * Where the daemons' directories go as root. Run as root, `airlock serve` refuses a policy
+ * that anyone else could change through its path, and the system temporary directory is
+ * writable by everyone (its sticky bit does not count); this one is root's, mode 0755. It is
+ * left in place, empty, for the next run (ci-test removes it).
+ */
+export const TRUSTED_PARENT = "/run/airlock-client-tests";
+
+/** A fresh directory for a daemon's policy and socket: under TRUSTED_PARENT as root. */
+export function scratchDir(prefix: string): string {
+  if (process.geteuid?.() !== 0) {
+    return mkdtempSync(join(tmpdir(), prefix));
+  }
+  mkdirSync(TRUSTED_PARENT, { recursive: true, mode: 0o755 });
+  const parent = lstatSync(TRUSTED_PARENT);
+  if (!parent.isDirectory() || parent.uid !== 0) {
+    throw new Error(`${TRUSTED_PARENT} is not a directory of root's`);
+  }
+  chmodSync(TRUSTED_PARENT, 0o755);
+  return mkdtempSync(join(TRUSTED_PARENT, prefix));
+}
+
 /** Starts `airlock serve` and resolves once its socket accepts connections. */
 export async function startDaemon(options: DaemonOptions = {}): Promise<Daemon> {
   const binary = airlockBinary();
-  const dir = mkdtempSync(join(tmpdir(), "airlock-ts-"));
+  const dir = scratchDir("airlock-ts-");
   const policy = join(dir, "policy.toml");
   const socket = join(dir, "airlock.sock");
   writeFileSync(policy, options.policy ?? testPolicy());

@@ -2,7 +2,16 @@
 // Every wait is for an event (an answer, a notification, a process gone), never a clock.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -18,9 +27,29 @@ const here = dirname(fileURLToPath(import.meta.url));
 const airlock = process.env.AIRLOCK_BIN ?? resolve(here, "../../../target/debug/airlock");
 const policyText = readFileSync(join(here, "..", "policy.toml"), "utf8");
 
+/**
+ * A fresh directory for a copy of the policy. Run as root, `airlock mcp` refuses a policy
+ * that anyone else could change through its path, and the system temporary directory is
+ * everyone's (sticky bit or not): as root it goes under /run/airlock-mcp-tests, root's and
+ * mode 0755, left in place empty (ci-test removes it).
+ */
+function scratchDir() {
+  if (process.geteuid() !== 0) {
+    return mkdtempSync(join(tmpdir(), "airlock-mcp-"));
+  }
+  const parent = "/run/airlock-mcp-tests";
+  mkdirSync(parent, { recursive: true, mode: 0o755 });
+  const st = lstatSync(parent);
+  if (!st.isDirectory() || st.uid !== 0) {
+    throw new Error(`${parent} is not a directory of root's`);
+  }
+  chmodSync(parent, 0o755);
+  return mkdtempSync(join(parent, "airlock-mcp-"));
+}
+
 /** A client connected to a fresh `airlock mcp` on a copy of the policy. */
 async function connect({ elicitation = null, extra = [] } = {}) {
-  const dir = mkdtempSync(join(tmpdir(), "airlock-mcp-"));
+  const dir = scratchDir();
   const policy = join(dir, "policy.toml");
   writeFileSync(policy, policyText);
   const transport = new StdioClientTransport({
