@@ -138,18 +138,25 @@ pub(crate) struct Pending {
     pub(crate) approval: Approval,
     pub(crate) call_id: String,
     pub(crate) arguments: String,
+    /// What it holds, measured once: the store sums it for every proposal.
+    bytes: usize,
 }
 
 impl Pending {
-    /// About how many bytes of memory it holds: the parsed arguments, their canonical
-    /// text and the argv preview dwarf everything else.
-    fn bytes(&self) -> usize {
-        let approval = &self.approval;
-        crate::heap::json_heap_bytes(&approval.arguments)
-            + self.arguments.len()
+    /// A pending approval of `approval`, whose arguments' canonical text is `arguments`.
+    pub(crate) fn new(approval: Approval, call_id: String, arguments: String) -> Self {
+        // The parsed arguments, their canonical text and the argv preview dwarf the rest.
+        let bytes = crate::heap::json_heap_bytes(&approval.arguments)
+            + arguments.len()
             + approval.argv_preview.iter().map(String::len).sum::<usize>()
             + approval.reason.len()
-            + std::mem::size_of::<Self>()
+            + std::mem::size_of::<Self>();
+        Self {
+            approval,
+            call_id,
+            arguments,
+            bytes,
+        }
     }
 }
 
@@ -207,11 +214,11 @@ impl ApprovalStore {
         if count >= max_pending {
             return Err(Refused::TooMany(count));
         }
-        let bytes = pending.bytes();
+        let bytes = pending.bytes;
         if bytes > self.max_bytes {
             return Err(Refused::NeverFits(bytes));
         }
-        let held: usize = self.pending.values().map(Pending::bytes).sum();
+        let held: usize = self.pending.values().map(|p| p.bytes).sum();
         if held.saturating_add(bytes) > self.max_bytes {
             return Err(Refused::Full(held));
         }

@@ -63,13 +63,14 @@ impl Gate {
             ),
             expires_at_ms: millis(now + gate.approval_ttl),
         };
+        // Made and measured before the store's lock is taken.
+        let pending = Pending::new(
+            approval.clone(),
+            call.call_id.clone(),
+            canonical_json(&prepared.input),
+        );
         let Ok(mut store) = self.approvals.lock() else {
             return Err(unavailable("approval store unavailable"));
-        };
-        let pending = Pending {
-            approval: approval.clone(),
-            call_id: call.call_id.clone(),
-            arguments: canonical_json(&prepared.input),
         };
         let max_bytes = store.max_bytes;
         match store.admit(pending, gate.max_pending_approvals, millis(now)) {

@@ -11,28 +11,40 @@ use serde_json::json;
 
 use super::daemon_hostile::{call, connect, start, stats};
 
-#[test]
-fn half_sent_requests_are_dropped_after_the_read_timeout_and_never_lock_out_a_polite_client() {
-    let _guard = airlock_tests::shared();
-    if !sandbox_available() {
-        return;
-    }
-    let daemon = start(&["--max-input", "4MiB", "--read-timeout", "2s"]);
-    let mut polite = connect(&daemon);
-    polite.send(&call("running", "sleep", json!({"seconds": "2"})));
-    // Three lines of almost the largest request each, never ended: more than the whole
-    // input budget between them.
+/// Three lines of almost the largest request each, never ended, on connections of their
+/// own: more than a 4 MiB input budget between them.
+fn stall(daemon: &airlock_tests::daemon::Daemon) -> Vec<UnixStream> {
     let partial = format!(
         r#"{{"id":"half","op":"call","tool":"echo","arguments":{{"text":"{}"#,
         "x".repeat((2 << 20) - 100)
     );
-    let mut stalled: Vec<UnixStream> = (0..3)
+    (0..3)
         .map(|_| {
-            let mut stream = UnixStream::connect(&daemon.socket).unwrap();
-            stream.write_all(partial.as_bytes()).unwrap();
+            let stream = UnixStream::connect(&daemon.socket).unwrap();
+            // Written on a thread of its own: the daemon reads the third line only when
+            // there is room for it, and until then the write waits.
+            let mut writer = stream.try_clone().unwrap();
+            let partial = partial.clone();
+            std::thread::spawn(move || {
+                let _ = writer.write_all(partial.as_bytes());
+            });
             stream
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn half_sent_requests_filling_the_input_budget_never_lock_out_a_polite_client() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    // The read timeout outlasts the test, so the budget stays full however slow it runs.
+    let guard = format!("{}s", airlock_tests::HANG_GUARD.as_secs());
+    let daemon = start(&["--max-input", "4MiB", "--read-timeout", &guard]);
+    let mut polite = connect(&daemon);
+    polite.send(&call("running", "sleep", json!({"seconds": "2"})));
+    let stalled = stall(&daemon);
     wait_until("the half-sent lines fill the input budget", || {
         let held = stats(&daemon)["input_bytes"].as_u64().unwrap();
         held + (64 << 10) >= 4 << 20
@@ -45,6 +57,17 @@ fn half_sent_requests_are_dropped_after_the_read_timeout_and_never_lock_out_a_po
     assert_eq!(answers[0]["result"]["ok"], true, "{answers:?}");
     assert_eq!(answers[1]["id"], "running", "{answers:?}");
     assert_eq!(answers[1]["result"]["ok"], true, "{answers:?}");
+    drop(stalled);
+}
+
+#[test]
+fn half_sent_requests_are_dropped_after_the_read_timeout_and_their_connections_kept() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    let daemon = start(&["--max-input", "4MiB", "--read-timeout", "1s"]);
+    let mut stalled = stall(&daemon);
     // Each stalled request is answered by its id and dropped; its connection stays open.
     for stream in &mut stalled {
         let mut client = super::daemon_hostile::Client::from_stream(stream.try_clone().unwrap());
@@ -66,7 +89,7 @@ fn half_sent_requests_are_dropped_after_the_read_timeout_and_never_lock_out_a_po
     assert!(stats(&daemon)["input_refused"].as_u64().unwrap() >= 3);
     // And a request larger than the allowance finds room again.
     let text = "y".repeat(100_000);
-    let answer = polite.ask(call("large", "echo", json!({ "text": text })));
+    let answer = connect(&daemon).ask(call("large", "echo", json!({ "text": text })));
     assert_eq!(answer["result"]["ok"], true, "{answer}");
 }
 
