@@ -5,6 +5,7 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
+use std::thread::JoinHandle;
 
 use airlock_tests::{sandbox_available, wait_until};
 use serde_json::json;
@@ -12,8 +13,9 @@ use serde_json::json;
 use super::daemon_hostile::{call, connect, start, stats};
 
 /// Three lines of almost the largest request each, never ended, on connections of their
-/// own: more than a 4 MiB input budget between them.
-fn stall(daemon: &airlock_tests::daemon::Daemon) -> Vec<UnixStream> {
+/// own: more than a 4 MiB input budget between them. Each comes with the thread writing it,
+/// which ends once the whole line is in the socket.
+fn stall(daemon: &airlock_tests::daemon::Daemon) -> Vec<(UnixStream, JoinHandle<()>)> {
     let partial = format!(
         r#"{{"id":"half","op":"call","tool":"echo","arguments":{{"text":"{}"#,
         "x".repeat((2 << 20) - 100)
@@ -25,10 +27,10 @@ fn stall(daemon: &airlock_tests::daemon::Daemon) -> Vec<UnixStream> {
             // there is room for it, and until then the write waits.
             let mut writer = stream.try_clone().unwrap();
             let partial = partial.clone();
-            std::thread::spawn(move || {
+            let writing = std::thread::spawn(move || {
                 let _ = writer.write_all(partial.as_bytes());
             });
-            stream
+            (stream, writing)
         })
         .collect()
 }
@@ -67,9 +69,9 @@ fn half_sent_requests_are_dropped_after_the_read_timeout_and_their_connections_k
         return;
     }
     let daemon = start(&["--max-input", "4MiB", "--read-timeout", "1s"]);
-    let mut stalled = stall(&daemon);
+    let stalled = stall(&daemon);
     // Each stalled request is answered by its id and dropped; its connection stays open.
-    for stream in &mut stalled {
+    for (mut stream, writing) in stalled {
         let mut client = super::daemon_hostile::Client::from_stream(stream.try_clone().unwrap());
         let answer = client.next().unwrap();
         assert_eq!(answer["id"], "half", "{answer}");
@@ -78,7 +80,10 @@ fn half_sent_requests_are_dropped_after_the_read_timeout_and_their_connections_k
             kind == "invalid_request" || kind == "overloaded",
             "{answer}"
         );
-        // What follows on the line is dropped; the next line is a request again.
+        // What follows on the line is dropped; the next line is a request again. The end
+        // of the line goes after all of it: on a slow machine the daemon may give up on
+        // the line while its head is still being written.
+        writing.join().unwrap();
         stream.write_all(b"xyz\n").unwrap();
         let again = client.ask(json!({"id": "after", "op": "health"}));
         assert_eq!(again["result"]["ok"], true, "{again}");
