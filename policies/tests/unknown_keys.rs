@@ -231,6 +231,34 @@ mod schema_keywords {
     }
 
     #[test]
+    fn draft_07_keywords_beside_a_ref_which_it_ignores_are_errors() {
+        // Draft-07 checks only the `$ref` here: the length and the type would be dropped.
+        let draft7 = policy(
+            "{ \"$schema\" = \"http://json-schema.org/draft-07/schema#\", type = \"object\", properties = { text = { \"$ref\" = \"#/definitions/short\", title = \"t\", maxLength = 8, type = \"string\" } }, definitions = { short = { type = \"string\" } } }",
+        );
+        let found = errors(&draft7);
+        assert_eq!(found.len(), 2, "{found:#?}");
+        for (error, keyword) in found.iter().zip(["maxLength", "type"]) {
+            assert!(
+                error.contains(&format!(
+                    "error: `{keyword}` in `tools.t.input.properties.text` stands beside a `$ref`, where JSON Schema draft-07 ignores it"
+                )),
+                "{found:#?}"
+            );
+        }
+        // 2020-12 applies them, and an `allOf` says the same in draft-07.
+        let later = draft7.replace(
+            "\"$schema\" = \"http://json-schema.org/draft-07/schema#\", ",
+            "",
+        );
+        assert_eq!(errors(&later), Vec::<String>::new());
+        let wrapped = policy(
+            "{ \"$schema\" = \"http://json-schema.org/draft-07/schema#\", type = \"object\", properties = { text = { allOf = [{ \"$ref\" = \"#/definitions/short\" }, { maxLength = 8 }] } }, definitions = { short = { type = \"string\" } } }",
+        );
+        assert_eq!(errors(&wrapped), Vec::<String>::new());
+    }
+
+    #[test]
     fn each_dialect_has_its_own_keywords() {
         // `definitions` and `dependencies` are draft-07's; `$defs` and `prefixItems` 2020-12's.
         let draft7 = policy(

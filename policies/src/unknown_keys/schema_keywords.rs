@@ -6,6 +6,10 @@
 //! that is not one of the dialect's keywords. Keys in other places are names (under
 //! `properties`, `$defs`, ...) or data (`enum`, `const`, `default`, `examples`, ...) and may
 //! be anything. Keys starting with `x-` are extensions, left to the tools that read them.
+//!
+//! Draft-07 also ignores every keyword beside a `$ref` (2020-12 applies them), so
+//! `{"$ref": ..., "maxLength": 8}` checks no length there: such a keyword is reported too,
+//! unless it only annotates or holds definitions a `$ref` may point into.
 
 use std::ops::Range;
 
@@ -153,6 +157,23 @@ const DRAFT_2020_12: &[&str] = &[
     "contentSchema",
 ];
 
+/// Draft-07 keywords that may stand beside a `$ref` although draft-07 ignores them there:
+/// they constrain nothing, and `definitions` beside a root `$ref` is where it points.
+const BESIDE_REF_07: &[&str] = &[
+    "$ref",
+    "$schema",
+    "$id",
+    "$comment",
+    "definitions",
+    "$defs",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "readOnly",
+    "writeOnly",
+];
+
 /// Keywords whose value is one schema (`items` may also be an array of them, in draft-07).
 const ONE_SCHEMA: &[&str] = &[
     "additionalItems",
@@ -188,7 +209,8 @@ const SCHEMA_MAPS: &[&str] = &[
 const MAX_DEPTH: usize = 64;
 
 /// Every key of the schema `root` (the value of `input` or `output` at `path`) that sits
-/// where a keyword goes but is not one: (message, key span). Nothing when the dialect is
+/// where a keyword goes but is not one, or that the dialect ignores where it stands:
+/// (message, key span). Nothing when the dialect is
 /// not one airlock supports; compiling the schema reports that.
 pub(super) fn unknown_keywords(root: &DeValue<'_>, path: &str) -> Vec<(String, Range<usize>)> {
     let DeValue::Table(table) = root else {
@@ -220,8 +242,20 @@ fn schema(
         return;
     }
     let keywords = dialect.keywords();
+    let ignores_siblings = matches!(dialect, Dialect::Draft7) && table.contains_key("$ref");
     for (key, value) in table {
         let name: &str = key.get_ref();
+        if ignores_siblings && keywords.contains(&name) && !BESIDE_REF_07.contains(&name) {
+            found.push((
+                format!(
+                    "`{}` in `{path}` stands beside a `$ref`, where JSON Schema draft-07 ignores it: \
+                     it checks nothing there; put the `$ref` and it in an `allOf`, or use 2020-12",
+                    printable(name)
+                ),
+                key.span(),
+            ));
+            continue;
+        }
         if !keywords.contains(&name) {
             if !name.starts_with("x-") {
                 let mut message = format!(
