@@ -181,10 +181,15 @@ fn bash_runs_inside_the_sandbox_not_on_the_host() {
     assert_eq!(result["stdout"], "3\nairlock\ndenied\n", "{result}");
 }
 
-/// A workspace whose policy gives every call 5 s: a built-in that blocks fails the test
-/// by timing out, not by hanging it.
+/// A workspace whose policy gives every call the hang guard: a built-in that blocks fails
+/// the test by timing out, not by hanging it, and one that does not never races a deadline
+/// however slowly the machine runs.
 fn short_policy(scratch: &Scratch, workspace: &Path) -> std::path::PathBuf {
-    let text = policy(workspace).replace("cwd = ", "limits = { timeout = \"5s\" }\ncwd = ");
+    let limits = format!(
+        "limits = {{ timeout = {} }}\ncwd = ",
+        airlock_tests::hang_guard_toml()
+    );
+    let text = policy(workspace).replace("cwd = ", &limits);
     scratch.write("p.toml", &text)
 }
 

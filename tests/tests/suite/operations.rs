@@ -188,9 +188,12 @@ fn metrics_on_a_non_loopback_address_need_the_explicit_flag() {
     assert!(stderr.contains("--metrics"), "{stderr}");
 }
 
+/// `airlock health`, given the hang guard to wait for an answer: a daemon busy warming its
+/// pools on a slow machine answers late, not never.
 fn airlock_health(socket: &Path, extra: &[&str]) -> Output {
+    let timeout = format!("{}s", airlock_tests::HANG_GUARD.as_secs());
     Command::new(airlock_bin())
-        .args(["health", "--socket"])
+        .args(["health", "--timeout", &timeout, "--socket"])
         .arg(socket)
         .args(extra)
         .output()
