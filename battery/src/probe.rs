@@ -303,6 +303,7 @@ fn attack(name: &str, args: &[String]) -> Option<String> {
             }
         }
         "fill-tmp" => fill_tmp(),
+        "unwaited-spin" => unwaited_spin(),
         "spin" => loop {
             std::hint::black_box(0u64);
         },
@@ -416,6 +417,25 @@ fn fork_bomb() -> String {
         }
     }
     "unbounded".into()
+}
+
+/// A child that uses 300 ms of CPU and is reaped by the kernel, unwaited for, since this
+/// process ignores SIGCHLD: its time reaches no `RUSAGE_CHILDREN`, only the cgroup's count.
+fn unwaited_spin() -> String {
+    sys::ignore_sigchld();
+    match sys::fork() {
+        Ok(0) => {
+            while sys::own_cpu_us() < 300_000 {
+                std::hint::black_box(0u64);
+            }
+            sys::exit_child()
+        }
+        Ok(pid) => {
+            sys::wait_gone(pid);
+            "child ended unwaited".into()
+        }
+        Err(e) => format!("errno={e}"),
+    }
 }
 
 /// Allocates and touches memory until something stops it (the cgroup's OOM killer).

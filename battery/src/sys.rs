@@ -114,6 +114,36 @@ pub fn ignore_sigxfsz() {
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
+/// Lets the kernel reap this process's children as they end, unwaited for: their CPU
+/// time is then added to no one's `RUSAGE_CHILDREN`.
+pub fn ignore_sigchld() {
+    // SAFETY: SIG_IGN is a valid disposition for SIGCHLD and no handler code runs.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_IGN) };
+}
+
+/// Waits until `pid`, a child nobody waits for, has ended: with SIGCHLD ignored,
+/// `waitpid` blocks until it is gone, then fails with ECHILD.
+pub fn wait_gone(pid: libc::pid_t) {
+    loop {
+        // SAFETY: a null status pointer is allowed; waitpid only reads its arguments.
+        let ret = unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+        if ret == -1 && errno() != libc::EINTR {
+            return;
+        }
+    }
+}
+
+/// This process's CPU time (user and system), microseconds.
+pub fn own_cpu_us() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid out-pointer for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) };
+    (now.tv_sec as u64) * 1_000_000 + (now.tv_nsec as u64) / 1000
+}
+
 /// Sends one byte on the unix socket `socket` with `fds` attached (SCM_RIGHTS).
 pub fn send_fds(socket: libc::c_int, fds: &[libc::c_int]) -> Result<(), i32> {
     let payload_len = std::mem::size_of_val(fds);

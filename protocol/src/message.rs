@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::spec::SandboxSpec;
 
 /// Version of this protocol; both sides must agree exactly.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Messages sent by the (trusted) supervisor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,6 +201,9 @@ pub struct ToolExit {
     pub user_cpu_us: u64,
     /// System CPU time, microseconds.
     pub system_cpu_us: u64,
+    /// CPU time of the worker itself, user and system, until it reported, microseconds:
+    /// the share of its cgroup's count that is not the tool's.
+    pub worker_cpu_us: u64,
     /// Whether the tool had used up its CPU-time limit when it ended, by the kernel's own
     /// count (the tick-sampled time that RLIMIT_CPU is checked against, which can run far
     /// ahead of the precise time above when other tasks share the CPU); `None` when that

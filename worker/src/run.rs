@@ -563,6 +563,7 @@ fn run_tool_inner(
         stderr_truncated: stderr.truncated,
         user_cpu_us,
         system_cpu_us,
+        worker_cpu_us: sys::own_cpu_time_us(),
         cpu_limit_reached,
         stopped: control.stopped,
     })
@@ -634,6 +635,7 @@ fn run_builtin_here(
         stderr_truncated: stderr.truncated,
         user_cpu_us: 0,
         system_cpu_us: 0,
+        worker_cpu_us: 0,
         cpu_limit_reached: None,
         stopped: false,
     }

@@ -137,6 +137,7 @@ fn rehearse_while_idle(stream: &UnixStream, stack: &mut Option<ChildStack>) {
                 stderr_truncated: false,
                 user_cpu_us: 0,
                 system_cpu_us: 0,
+                worker_cpu_us: 0,
                 cpu_limit_reached: None,
                 stopped: false,
             }),

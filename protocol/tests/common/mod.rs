@@ -199,12 +199,13 @@ prop_compose! {
         stderr_truncated in any::<bool>(),
         user_cpu_us in any::<u64>(),
         system_cpu_us in any::<u64>(),
+        worker_cpu_us in any::<u64>(),
         cpu_limit_reached in proptest::option::of(any::<bool>()),
         stopped in any::<bool>(),
     ) -> ToolExit {
         ToolExit {
             status, stdout, stderr, stdout_truncated, stderr_truncated, user_cpu_us, system_cpu_us,
-            cpu_limit_reached, stopped,
+            worker_cpu_us, cpu_limit_reached, stopped,
         }
     }
 }
@@ -353,6 +354,7 @@ pub fn sample_worker_messages() -> Vec<WorkerMessage> {
             stderr_truncated: false,
             user_cpu_us: 1200,
             system_cpu_us: 800,
+            worker_cpu_us: 0,
             cpu_limit_reached: Some(false),
             stopped: false,
         }),
@@ -364,6 +366,7 @@ pub fn sample_worker_messages() -> Vec<WorkerMessage> {
             stderr_truncated: true,
             user_cpu_us: 5,
             system_cpu_us: 7,
+            worker_cpu_us: 0,
             cpu_limit_reached: None,
             stopped: true,
         }),

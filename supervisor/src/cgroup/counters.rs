@@ -9,7 +9,7 @@ use super::files::{parse_keyed, parse_number, read_file, read_from_start, read_o
 use super::{CgroupError, CgroupStats, Controller, WorkerCgroup};
 
 /// The counter files a worker's cgroup keeps open, by controller.
-const UNIFIED_COUNTERS: &[&str] = &["memory.events", "memory.peak", "pids.events"];
+const UNIFIED_COUNTERS: &[&str] = &["memory.events", "memory.peak", "pids.events", "cpu.stat"];
 /// See [`UNIFIED_COUNTERS`].
 const MEMORY_COUNTERS: &[&str] = &[
     "memory.oom_control",
@@ -44,6 +44,9 @@ impl WorkerCgroup {
                 None => None,
             };
             let pids_events = dir.join("pids.events");
+            let cpu_usage_us = self
+                .cpu_usage_total_us()?
+                .map(|total| total.saturating_sub(self.cpu_usage_base_us));
             return Ok(CgroupStats {
                 oom_kills: parse_keyed(&events, &events_text, "oom_kill")?,
                 peak_memory_bytes,
@@ -53,6 +56,7 @@ impl WorkerCgroup {
                     "max",
                 )?,
                 memory_limit_hits: parse_keyed(&events, &events_text, "max")?,
+                cpu_usage_us,
             });
         }
         let mut stats = CgroupStats::default();
@@ -79,6 +83,19 @@ impl WorkerCgroup {
             stats.pids_limit_hits = parse_keyed(&events, &self.read_counter(&events)?, "max")?;
         }
         Ok(stats)
+    }
+
+    /// v2 `cpu.stat` `usage_usec` as the kernel counts it, from every worker the cgroup
+    /// held; `None` on v1 or where the file is absent.
+    pub(super) fn cpu_usage_total_us(&self) -> Result<Option<u64>, CgroupError> {
+        let Some(dir) = self.dir_of(Controller::Unified) else {
+            return Ok(None);
+        };
+        let cpu_stat = dir.join("cpu.stat");
+        match self.read_optional_counter(&cpu_stat)? {
+            Some(text) => Ok(Some(parse_keyed(&cpu_stat, &text, "usage_usec")?)),
+            None => Ok(None),
+        }
     }
 
     /// The files [`WorkerCgroup::read_stats`] reads, by controller.
@@ -172,6 +189,10 @@ mod tests {
         );
         tree.write(&format!("{dir}/memory.peak"), "16777216\n");
         tree.write(&format!("{dir}/pids.events"), "max 3\n");
+        tree.write(
+            &format!("{dir}/cpu.stat"),
+            "usage_usec 52000\nuser_usec 40000\nsystem_usec 12000\n",
+        );
         assert_eq!(
             worker.read_stats().unwrap(),
             CgroupStats {
@@ -179,6 +200,7 @@ mod tests {
                 peak_memory_bytes: Some(16 << 20),
                 pids_limit_hits: 3,
                 memory_limit_hits: 2,
+                cpu_usage_us: Some(52_000),
             }
         );
     }
@@ -210,6 +232,7 @@ mod tests {
                 peak_memory_bytes: Some(1 << 20),
                 pids_limit_hits: 4,
                 memory_limit_hits: 7,
+                cpu_usage_us: None,
             }
         );
     }

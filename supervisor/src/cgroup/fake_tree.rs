@@ -81,6 +81,10 @@ pub(super) fn populate_like_kernel(dir: &Path, kind: Controller) {
             ("pids.max", "max\n"),
             ("pids.events", "max 0\n"),
             ("cpu.max", "max 100000\n"),
+            (
+                "cpu.stat",
+                "usage_usec 0\nuser_usec 0\nsystem_usec 0\nnr_periods 0\n",
+            ),
         ],
         Controller::Memory => &[
             ("cgroup.procs", ""),

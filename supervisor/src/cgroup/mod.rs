@@ -180,6 +180,10 @@ pub struct CgroupStats {
     /// Times usage ran into the memory limit (v2 `memory.events` max; v1 `memory.failcnt`
     /// plus `memory.memsw.failcnt`, which some kernels leave at 0 — see `read_stats`).
     pub memory_limit_hits: u64,
+    /// CPU time of every process in the cgroup since it was given to this worker,
+    /// microseconds: v2 `cpu.stat` `usage_usec`, which also counts processes that no one
+    /// waited for; `None` on v1, whose memory and pids hierarchies count no CPU.
+    pub cpu_usage_us: Option<u64>,
 }
 
 /// Which kind of cgroup directory an operation concerns.
@@ -313,6 +317,9 @@ pub struct WorkerCgroup {
     killed: std::sync::atomic::AtomicBool,
     /// The CPU quota file and what to write there (see [`WorkerCgroup::enforce_cpu_quota`]).
     pending_cpu_quota: Option<(PathBuf, String)>,
+    /// v2 `cpu.stat` `usage_usec` when the cgroup was last given to a worker (0 when made):
+    /// a kept cgroup's count goes on from its earlier workers'.
+    cpu_usage_base_us: u64,
 }
 
 impl WorkerCgroup {

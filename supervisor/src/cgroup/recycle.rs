@@ -104,6 +104,8 @@ impl WorkerCgroup {
                 Some(entry) => entry.1 = Some(reset),
                 None => self.counters.push((peak, Some(reset))),
             }
+            // The CPU count cannot be reset: the next worker's starts from here.
+            self.cpu_usage_base_us = self.cpu_usage_total_us()?.unwrap_or(0);
             return Ok(());
         }
         if let Some(dir) = self.dir_of(Controller::Memory) {
@@ -358,6 +360,25 @@ mod tests {
             libc::O_RDWR,
             "the counter read is the one reset"
         );
+    }
+
+    #[test]
+    fn a_reused_v2_cgroup_counts_only_its_new_workers_cpu() {
+        let tree = v2_tree();
+        let parent = v2_parent(&tree);
+        let recycler = CgroupRecycler::default();
+        let cpu_stat = format!("sys/fs/cgroup{V2_OWN}/airlock-workers/w/cpu.stat");
+        let first = parent.create_worker_cgroup("w", &no_quota()).unwrap();
+        tree.write(&cpu_stat, "usage_usec 7000\nuser_usec 5000\n");
+        assert_eq!(first.read_stats().unwrap().cpu_usage_us, Some(7000));
+        recycler.recycle_or_remove(first).unwrap();
+        let second = recycler.take(&no_quota()).unwrap();
+        // The fake peak file holds what the reset wrote; the kernel's would read 0.
+        let peak = format!("sys/fs/cgroup{V2_OWN}/airlock-workers/w/memory.peak");
+        tree.write(&peak, "0\n");
+        assert_eq!(second.read_stats().unwrap().cpu_usage_us, Some(0));
+        tree.write(&cpu_stat, "usage_usec 9500\nuser_usec 6000\n");
+        assert_eq!(second.read_stats().unwrap().cpu_usage_us, Some(2500));
     }
 
     #[test]

@@ -40,6 +40,7 @@ impl CgroupParent {
             counters: Vec::new(),
             killed: std::sync::atomic::AtomicBool::new(false),
             pending_cpu_quota: None,
+            cpu_usage_base_us: 0,
         };
         // From here on an early return drops `worker`, which removes what was created.
         match &self.layout {

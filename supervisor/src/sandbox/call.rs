@@ -265,7 +265,10 @@ impl Supervisor {
             tokio::pin!(talk);
             tokio::select! {
                 outcome = &mut talk => Err(match outcome {
-                    Ok(report) => Conversation::Finished { applied: applied.clone(), report },
+                    Ok(report) => Conversation::Finished {
+                        applied: applied.clone(),
+                        report: Box::new(report),
+                    },
                     Err(broken) => broken,
                 }),
                 () = sleep_until_precise(bounds.deadline) => Ok(Ended::Deadline),
@@ -292,7 +295,7 @@ impl Supervisor {
                     // The tool ended on its own as the stop went out: its real outcome.
                     (_, Stopped::Finished(report)) => Conversation::Finished {
                         applied: finished,
-                        report,
+                        report: Box::new(report),
                     },
                     (Ended::Deadline, Stopped::Partial(exit)) => Conversation::TimedOut {
                         applied,

@@ -111,6 +111,7 @@ fn main() {
                 stderr_truncated: false,
                 user_cpu_us: 0,
                 system_cpu_us: 0,
+                worker_cpu_us: 0,
                 cpu_limit_reached: None,
                 stopped: false,
             };
@@ -170,6 +171,7 @@ fn main() {
                 stderr_truncated: false,
                 user_cpu_us: 0,
                 system_cpu_us: 0,
+                worker_cpu_us: 0,
                 cpu_limit_reached: None,
                 stopped: false,
             };

@@ -187,6 +187,37 @@ fn cpu_time_and_limits_are_reported() {
 }
 
 #[test]
+fn cpu_of_children_reaped_unwaited_is_counted_where_the_cgroup_counts_cpu() {
+    let _guard = airlock_tests::shared();
+    if !sandbox_available() {
+        return;
+    }
+    // The tool ignores SIGCHLD, so the kernel reaps its spinning child and adds its 300 ms
+    // to no one's RUSAGE_CHILDREN: the worker's own count misses it.
+    let scratch = Scratch::new("unwaited");
+    let probe = scratch.stage("airlock-probe");
+    let policy = scratch.write("p.toml", &test_policy(&[&probe], "", "none"));
+    let result = exec_json(
+        Some(&policy),
+        &[],
+        &[probe.to_str().unwrap(), "unwaited-spin"],
+    );
+    assert_eq!(
+        stdout_of(&result).trim(),
+        "child ended unwaited",
+        "{result}"
+    );
+    let cpu_ms = result["usage"]["cpu_ms"].as_u64().unwrap();
+    match result["isolation"]["cgroup"].as_str() {
+        // v2 counts every process of the worker's cgroup.
+        Some("v2") => assert!(cpu_ms >= 300, "{result}"),
+        // v1's memory and pids hierarchies count no CPU: what no one waited for is missed,
+        // as docs/policy.md says (this shows the tool really hides it).
+        _ => assert!(cpu_ms < 300, "{result}"),
+    }
+}
+
+#[test]
 fn supervisor_death_kills_its_workers() {
     let _guard = airlock_tests::shared();
     if !sandbox_available() {

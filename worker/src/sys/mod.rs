@@ -491,10 +491,21 @@ pub fn cpu_soft_limit_s() -> io::Result<Option<u64>> {
 
 /// CPU time used by reaped children: (user µs, system µs).
 pub fn children_cpu_time_us() -> (u64, u64) {
+    cpu_time_us(libc::RUSAGE_CHILDREN)
+}
+
+/// The worker's own user plus system CPU time, microseconds (0 if it cannot be read).
+pub fn own_cpu_time_us() -> u64 {
+    let (user, system) = cpu_time_us(libc::RUSAGE_SELF);
+    user.saturating_add(system)
+}
+
+/// `getrusage(who)`'s user and system time, microseconds ((0, 0) if it fails).
+fn cpu_time_us(who: libc::c_int) -> (u64, u64) {
     // SAFETY: rusage is plain old data and getrusage fills it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `usage` is a valid out-pointer.
-    let ret = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let ret = unsafe { libc::getrusage(who, &mut usage) };
     if ret != 0 {
         return (0, 0);
     }
