@@ -209,13 +209,40 @@ fn risky_grants_are_warnings_not_errors() {
     let found = warnings(
         "version = 1\n[profiles.default]\nwrite = [\"/\"]\nnetwork = \"host\"\nrequire = { landlock = \"best_effort\" }\n",
     );
-    assert_eq!(found.len(), 3, "{found:?}");
+    assert_eq!(found.len(), 4, "{found:?}");
     assert!(found[0].contains("write path \"/\" lets tools change the host system"));
-    assert!(found[1].contains("shares the host's network"), "{found:?}");
-    assert!(found[1].contains("no TCP port is filtered"), "{found:?}");
-    assert!(found[2].contains("landlock is best_effort"));
+    assert!(found[1].contains("\"/\" reaches the host's unix sockets in \"/run\""));
+    assert!(found[2].contains("shares the host's network"), "{found:?}");
+    assert!(found[2].contains("no TCP port is filtered"), "{found:?}");
+    assert!(found[3].contains("landlock is best_effort"));
     let found = warnings("version = 1\n[profiles.default]\nread = [\"/sys\"]\n");
     assert!(found[0].contains("exposes host kernel state"));
+}
+
+#[test]
+fn a_bind_that_reaches_the_hosts_socket_directories_is_a_warning() {
+    // Of, inside and above them; a fresh tmpfs at /tmp and a sibling name are not.
+    let found = warnings(
+        "version = 1\n[profiles.default]\nread = [\"/usr\", \"/run/user/1000/bus\", \"/var\", \"/runner\"]\nread_optional = [\"/tmp/.X11-unix\"]\nwrite = [\"/var/tmp/out\"]\ntmpfs = { \"/tmp\" = \"1MiB\" }\n",
+    );
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(
+        found[0].contains("\"/run/user/1000/bus\" reaches the host's unix sockets in \"/run\""),
+        "{found:?}"
+    );
+    assert!(
+        found[0].contains("neither a read-only bind nor Landlock refuses"),
+        "{found:?}"
+    );
+    assert!(
+        found[1].contains("\"/var\" reaches the host's unix sockets in \"/var/run\""),
+        "{found:?}"
+    );
+    assert!(found[2].contains("\"/tmp/.X11-unix\" reaches"), "{found:?}");
+    assert!(
+        found.iter().all(|w| !w.contains("/var/tmp/out")),
+        "{found:?}"
+    );
 }
 
 #[test]

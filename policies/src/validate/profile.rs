@@ -27,6 +27,19 @@ const RISKY_WRITABLE: &[&str] = &[
     "/", "/proc", "/sys", "/dev", "/etc", "/usr", "/boot", "/root",
 ];
 
+/// Where hosts keep the unix sockets of their services and users' agents (D-Bus, journald,
+/// container runtimes, X11, ssh and gpg agents), and whether what lies beneath counts too
+/// (a directory of `/tmp` is as likely a build's as an agent's). A bind that reaches one
+/// lets a tool connect to each socket the sandbox's uid may write: connecting needs no
+/// right Landlock handles on the kernels to date, and a read-only bind does not stop it.
+const SOCKET_DIRS: &[(&str, bool)] = &[
+    ("/run", true),
+    ("/var/run", true),
+    ("/tmp/.X11-unix", true),
+    ("/tmp", false),
+    ("/var/tmp", false),
+];
+
 /// Validates one profile; `None` when it has errors (they are in `c`).
 pub(super) fn check_profile(
     c: &mut Checker<'_>,
@@ -98,6 +111,7 @@ fn check_mounts(c: &mut Checker<'_>, file: &ProfileFile) -> Mounts {
                     format!("read path {p:?} exposes host kernel state"),
                 );
             }
+            warn_socket_dirs(c, &p, path.span());
             read.push(PathGrant {
                 path: p,
                 optional: false,
@@ -106,6 +120,7 @@ fn check_mounts(c: &mut Checker<'_>, file: &ProfileFile) -> Mounts {
     }
     for path in &file.read_optional {
         if let Some(p) = check_grant(c, &mut seen, path, "read_optional path") {
+            warn_socket_dirs(c, &p, path.span());
             read.push(PathGrant {
                 path: p,
                 optional: true,
@@ -121,6 +136,7 @@ fn check_mounts(c: &mut Checker<'_>, file: &ProfileFile) -> Mounts {
                     format!("write path {p:?} lets tools change the host system"),
                 );
             }
+            warn_socket_dirs(c, &p, path.span());
             write.push(PathGrant {
                 path: p,
                 optional: false,
@@ -137,6 +153,29 @@ fn check_mounts(c: &mut Checker<'_>, file: &ProfileFile) -> Mounts {
     }
     warn_mounts_inside_writable(c, file, &write);
     Mounts { read, write, tmpfs }
+}
+
+/// A bind of, inside or above a directory where the host keeps unix sockets.
+fn warn_socket_dirs(c: &mut Checker<'_>, path: &str, span: Range<usize>) {
+    let path = path.trim_end_matches('/');
+    let within = |outer: &str, inner: &str| {
+        outer.is_empty() || inner == outer || inner.starts_with(&format!("{outer}/"))
+    };
+    if let Some((dir, _)) = SOCKET_DIRS
+        .iter()
+        .find(|(dir, below)| (*below && within(dir, path)) || within(path, dir))
+    {
+        c.warning(
+            span,
+            format!(
+                "{:?} reaches the host's unix sockets in {dir:?}: a tool may connect to any \
+                 there the sandbox's uid may write (D-Bus, journald, container runtimes, \
+                 agents), which neither a read-only bind nor Landlock refuses; bind only the \
+                 files the tool needs",
+                if path.is_empty() { "/" } else { path }
+            ),
+        );
+    }
 }
 
 /// One granted path: valid, not reserved, not already granted (`seen`).
