@@ -64,6 +64,9 @@ pub struct SessionsFile {
     /// A session unused this long is closed (duration).
     #[serde(default)]
     pub idle_timeout: Option<Spanned<String>>,
+    /// A session this old is closed once its calls end, however busy (duration).
+    #[serde(default)]
+    pub max_lifetime: Option<Spanned<String>>,
     /// Largest workspace a session may ask for (size).
     #[serde(default)]
     pub max_size: Option<Spanned<String>>,

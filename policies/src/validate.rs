@@ -80,6 +80,9 @@ mod bounds {
     pub const RETRIES: (i64, i64) = (0, 10);
     pub const MAX_SESSIONS: (i64, i64) = (1, 100_000);
     pub const IDLE_TIMEOUT_MIN: Duration = Duration::from_secs(1);
+    /// A session's whole life: 1 s to 30 days.
+    pub const LIFETIME: (Duration, Duration) =
+        (Duration::from_secs(1), Duration::from_secs(30 * 24 * 3600));
     pub const INODES: (i64, i64) = (16, 1 << 32);
 }
 

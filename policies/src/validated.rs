@@ -41,6 +41,9 @@ pub struct SessionPolicy {
     pub max_sessions: usize,
     /// A session unused this long is closed.
     pub idle_timeout: Duration,
+    /// A session this old takes no more operations and is closed once its calls end,
+    /// however busy: its id, a bearer token, and its files live no longer.
+    pub max_lifetime: Duration,
     /// Largest workspace, bytes.
     pub max_size_bytes: u64,
     /// Most inodes in one workspace.
@@ -53,6 +56,7 @@ impl Default for SessionPolicy {
             bases: Vec::new(),
             max_sessions: 64,
             idle_timeout: Duration::from_secs(30 * 60),
+            max_lifetime: Duration::from_secs(24 * 3600),
             max_size_bytes: 1 << 30,
             max_inodes: 65_536,
         }

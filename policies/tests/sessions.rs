@@ -24,6 +24,7 @@ fn a_profile_workspace_and_session_bounds_compile() {
 bases = ["/srv/repos"]
 max_sessions = 8
 idle_timeout = "10m"
+max_lifetime = "240h"
 max_size = "512MiB"
 max_inodes = 1000
 [profiles.default]
@@ -36,6 +37,7 @@ workspace_size = "64MiB"
     assert_eq!(sessions.bases, vec!["/srv/repos".to_string()]);
     assert_eq!(sessions.max_sessions, 8);
     assert_eq!(sessions.idle_timeout, Duration::from_secs(600));
+    assert_eq!(sessions.max_lifetime, Duration::from_secs(240 * 3600));
     assert_eq!(sessions.max_size_bytes, 512 << 20);
     assert_eq!(sessions.max_inodes, 1000);
     let profile = &loaded.policy.profiles["default"];
@@ -59,6 +61,11 @@ workspace = "/w"
     let loaded = load_policy_str(text, "p.toml").unwrap();
     let workspace = loaded.policy.profiles["default"].workspace.clone().unwrap();
     assert_eq!(workspace.size_bytes, 1 << 20);
+    // A session lives a day unless the policy says otherwise.
+    assert_eq!(
+        loaded.policy.sessions.max_lifetime,
+        Duration::from_secs(24 * 3600)
+    );
 }
 
 #[test]
@@ -68,6 +75,7 @@ fn bad_session_bounds_are_each_reported() {
 bases = ["relative", "/", "/a", "/a"]
 max_sessions = 0
 idle_timeout = "10ms"
+max_lifetime = "721h"
 max_size = "1B"
 max_inodes = 1
 "#;
@@ -78,6 +86,7 @@ max_inodes = 1
         "is listed more than once",
         "max_sessions must be between",
         "idle_timeout must be at least 1s",
+        "max_lifetime must be from 1s to 30 days",
         "max_size must be between",
         "max_inodes must be between",
     ] {

@@ -45,6 +45,18 @@ pub(super) fn check_sessions(c: &mut Checker<'_>, file: Option<&SessionsFile>) -
             policy.idle_timeout = d;
         }
     }
+    if let Some(lifetime) = &file.max_lifetime {
+        match crate::units::parse_duration(lifetime.get_ref()) {
+            Ok(d) if (bounds::LIFETIME.0..=bounds::LIFETIME.1).contains(&d) => {
+                policy.max_lifetime = d;
+            }
+            Ok(_) => c.error(
+                lifetime.span(),
+                "sessions max_lifetime must be from 1s to 30 days (720h)",
+            ),
+            Err(e) => c.error(lifetime.span(), format!("sessions max_lifetime: {e}")),
+        }
+    }
     if let Some(size) = &file.max_size
         && let Some(bytes) = c.size(size, "sessions max_size", bounds::TMPFS_BYTES)
     {

@@ -178,6 +178,8 @@ struct Session {
     /// The host directory it started from.
     base: Option<Base>,
     inodes: u64,
+    /// When it opened: it lives at most the policy's `max_lifetime` from then.
+    opened_at: SystemTime,
     state: Mutex<SessionState>,
 }
 
@@ -320,6 +322,7 @@ impl Sessions {
             isolation,
             base,
             inodes: policy.max_inodes,
+            opened_at: now,
             state: Mutex::new(SessionState {
                 last_used: now,
                 calls: 0,
@@ -344,7 +347,7 @@ impl Sessions {
         tracing::info!(isolation, size, "session opened");
         Ok(Opened {
             session: id,
-            expires_at: millis(now + policy.idle_timeout),
+            expires_at: millis(now + policy.idle_timeout.min(policy.max_lifetime)),
             isolation,
             size,
         })
@@ -446,7 +449,8 @@ impl Sessions {
             .cloned()
             .ok_or(SessionError::Unknown { op })?;
         let now = self.clock.now();
-        if session.expired(now, policy.idle_timeout) {
+        // Past its lifetime it takes nothing more, even while calls keep it open.
+        if session.expired(now, policy) || session.outlived(now, policy.max_lifetime) {
             return Err(SessionError::Unknown { op });
         }
         session.touch(now);
@@ -627,8 +631,8 @@ impl Sessions {
         }
     }
 
-    /// Closes every session idle for the policy's `idle_timeout` with no call running;
-    /// returns how many. Every operation sweeps first; the daemon also sweeps on a timer.
+    /// Closes every session idle for the policy's `idle_timeout`, or older than its
+    /// `max_lifetime`, with no call running; returns how many. Every operation sweeps first; the daemon also sweeps on a timer.
     pub fn sweep(&self, policy: &SessionPolicy) -> usize {
         let leftovers: Vec<Arc<Session>> = std::mem::take(
             &mut *self
@@ -644,7 +648,7 @@ impl Sessions {
             let mut table = self.table();
             let ids: Vec<String> = table
                 .iter()
-                .filter(|(_, s)| s.expired(now, policy.idle_timeout))
+                .filter(|(_, s)| s.expired(now, policy))
                 .map(|(id, _)| id.clone())
                 .collect();
             ids.into_iter()
@@ -772,9 +776,21 @@ impl Session {
         state.last_used = state.last_used.max(now);
     }
 
-    fn expired(&self, now: SystemTime, idle: Duration) -> bool {
+    /// Unused for the policy's `idle_timeout`, or older than its `max_lifetime`, with no
+    /// call running: to be closed.
+    fn expired(&self, now: SystemTime, policy: &SessionPolicy) -> bool {
         let state = self.state();
-        state.calls == 0 && now.duration_since(state.last_used).is_ok_and(|d| d >= idle)
+        state.calls == 0
+            && (now
+                .duration_since(state.last_used)
+                .is_ok_and(|d| d >= policy.idle_timeout)
+                || self.outlived(now, policy.max_lifetime))
+    }
+
+    /// Older than `lifetime`, whatever it is doing.
+    fn outlived(&self, now: SystemTime, lifetime: Duration) -> bool {
+        now.duration_since(self.opened_at)
+            .is_ok_and(|age| age >= lifetime)
     }
 }
 
