@@ -86,16 +86,16 @@ impl WorkerCgroup {
     }
 
     /// v2 `cpu.stat` `usage_usec` as the kernel counts it, from every worker the cgroup
-    /// held; `None` on v1 or where the file is absent.
+    /// held; `None` on v1, or where the file or its line is absent: a missing CPU count
+    /// must not take the limits' counters down with it.
     pub(super) fn cpu_usage_total_us(&self) -> Result<Option<u64>, CgroupError> {
         let Some(dir) = self.dir_of(Controller::Unified) else {
             return Ok(None);
         };
         let cpu_stat = dir.join("cpu.stat");
-        match self.read_optional_counter(&cpu_stat)? {
-            Some(text) => Ok(Some(parse_keyed(&cpu_stat, &text, "usage_usec")?)),
-            None => Ok(None),
-        }
+        Ok(self
+            .read_optional_counter(&cpu_stat)?
+            .and_then(|text| parse_keyed(&cpu_stat, &text, "usage_usec").ok()))
     }
 
     /// The files [`WorkerCgroup::read_stats`] reads, by controller.
