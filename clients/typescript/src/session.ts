@@ -31,7 +31,8 @@ export type SessionCallOptions = Omit<CallOptions, "session">;
 /**
  * One open session of the daemon (`openSession`). Its calls see its files at their
  * profile's `workspace`; `putFile`, `getFile` and `changes` read and write them from
- * outside. After `close` (or once the daemon closed it on its idle timeout) the file ops
+ * outside. After `close` (or once the daemon closed it on its idle timeout or at its
+ * `max_lifetime`) the file ops
  * throw `SessionUnknownError`, and calls of a workspace tool resolve with a result record
  * of kind `session_unknown`, like every refused call.
  */
@@ -57,7 +58,8 @@ export class Session {
 
   /**
    * When the daemon closes the session unless it is used before (milliseconds since the
-   * Unix epoch), as of its opening: every op and call naming it moves this on.
+   * Unix epoch), as of its opening: every op and call naming it moves this on, but never
+   * past the policy's `max_lifetime` from the opening.
    */
   get expiresAt(): number {
     return this.expires;

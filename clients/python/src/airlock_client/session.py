@@ -34,7 +34,8 @@ class Session:
     raise :class:`~airlock_client.SessionUnknown`.
 
     ``async with`` closes the session on the way out (a session that is already gone —
-    closed, or expired on the daemon's idle timeout — is no error there).
+    closed, or expired on the daemon's idle timeout or at its ``max_lifetime`` — is no
+    error there).
     """
 
     def __init__(self, client: Client, name: str, info: SessionInfo | None = None) -> None:
