@@ -41,6 +41,7 @@ mod operations;
 mod pool;
 mod protocol_hostile;
 mod session_calls;
+mod session_expiry;
 mod session_pool;
 mod session_settings;
 mod soak;
