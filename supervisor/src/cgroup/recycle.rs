@@ -104,8 +104,6 @@ impl WorkerCgroup {
                 Some(entry) => entry.1 = Some(reset),
                 None => self.counters.push((peak, Some(reset))),
             }
-            // The CPU count cannot be reset: the next worker's starts from here.
-            self.cpu_usage_base_us = self.cpu_usage_total_us()?.unwrap_or(0);
             return Ok(());
         }
         if let Some(dir) = self.dir_of(Controller::Memory) {
@@ -137,7 +135,7 @@ pub struct CgroupRecycler {
 impl CgroupRecycler {
     /// Takes back a cgroup whose worker is gone and reaped; removes it instead when it is
     /// not fit for another worker or enough are kept already.
-    pub fn recycle_or_remove(&self, cgroup: WorkerCgroup) -> Result<(), CgroupError> {
+    pub fn recycle_or_remove(&self, mut cgroup: WorkerCgroup) -> Result<(), CgroupError> {
         if let Some(why) = cgroup.not_recyclable_because() {
             tracing::debug!(%why, "worker cgroup not kept for reuse");
             // Its worker was killed alone (see `kill_all`); should anything be left, the
@@ -147,6 +145,9 @@ impl CgroupRecycler {
             }
             return cgroup.remove();
         }
+        // The CPU count cannot be reset, and an empty cgroup's stands still: the next
+        // worker's starts from here. Read now, off the path that hands the cgroup out.
+        cgroup.cpu_usage_base_us = cgroup.cpu_usage_total_us()?.unwrap_or(0);
         let mut spares = self.lock();
         if spares.len() >= SPARE_CGROUPS
             || self.closed.load(std::sync::atomic::Ordering::SeqCst)
